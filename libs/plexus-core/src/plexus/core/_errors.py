@@ -26,6 +26,7 @@ __all__ = [
     "NormalizeError",
     "ProtocolError",
     "RemoteKernelError",
+    "ReplyTimeoutError",
     "SpawnDenied",
 ]
 
@@ -229,9 +230,24 @@ class SpawnDenied(KernelError):
     def __init__(self, parent_run: str, budget: Any) -> None:
         self.parent_run = str(parent_run)
         # Accept a SpawnBudget or its JSON form; keep the JSON form so the error stays a plain value.
-        self.budget: dict[str, Any] = budget.model_dump(mode="json") if hasattr(budget, "model_dump") else budget
+        self.budget: dict[str, Any] = (
+            budget.model_dump(mode="json") if hasattr(budget, "model_dump") else budget
+        )
         limit = self.budget.get("max_agents") if isinstance(self.budget, dict) else self.budget
         super().__init__(f"Spawn denied for run {self.parent_run}: spawn budget of {limit} agents exhausted")
+
+
+class ReplyTimeoutError(KernelError, TimeoutError):
+    """No reply arrived before the caller's deadline (the target may still be working or may have died)."""
+
+    fields = ("agent_id", "message_id", "timeout_s")
+    recoverable = True
+
+    def __init__(self, agent_id: Any, message_id: str, timeout_s: float) -> None:
+        self.agent_id = str(agent_id)
+        self.message_id = message_id
+        self.timeout_s = timeout_s
+        KernelError.__init__(self, f"No reply from {self.agent_id} to {message_id} within {_num(timeout_s)}s")
 
 
 class ProtocolError(KernelError):

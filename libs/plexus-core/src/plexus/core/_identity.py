@@ -30,7 +30,8 @@ def _check_name(what: str, value: str) -> str:
     if not _NAME_RE.match(value):
         bad = sorted({c for c in value if not re.match(r"[\w\-.:=]", c)})
         raise ValueError(
-            f"{what} {value!r} contains {''.join(bad)!r}; allowed are letters, digits, '_', '-', '.', ':', '='"
+            f"{what} {value!r} contains {''.join(bad)!r}; "
+            "allowed are letters, digits, '_', '-', '.', ':', '='"
         )
     return value
 
@@ -85,7 +86,7 @@ class AgentId(_Address):
     namespace: str = DEFAULT_NAMESPACE
 
     def __init__(self, type: str, key: str, namespace: str = DEFAULT_NAMESPACE, **data: Any) -> None:
-        super().__init__(type=type, key=key, namespace=namespace, **data)
+        super().__init__(**{"type": type, "key": key, "namespace": namespace, **data})
 
     @field_validator("type")
     @classmethod
@@ -124,7 +125,7 @@ class TopicId(_Address):
     def __init__(
         self, type: str, source: str = DEFAULT_NAMESPACE, namespace: str = DEFAULT_NAMESPACE, **data: Any
     ) -> None:
-        super().__init__(type=type, source=source, namespace=namespace, **data)
+        super().__init__(**{"type": type, "source": source, "namespace": namespace, **data})
 
     @field_validator("type")
     @classmethod
