@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml | $(UV)
 setup: $(STAMP)
 
 run: $(STAMP)
-	$(UV) run --no-sync python -m plexus.core.demo
+	$(UV) run --no-sync plexus dev examples.pipeline:app --run examples.pipeline:main
 
 lint: $(STAMP)
 	$(UV) run --no-sync ruff check .

@@ -1,3 +1,86 @@
-"""Plexus runtime: agents as NATS JetStream consumers."""
+"""Plexus runtime: agents as NATS JetStream consumers.
 
-__all__: list[str] = []
+Public API (everything else is private and may change):
+
+- declaring agents: `App`, `Agent`, `AgentType`, `Context`
+- running them: `Worker`, `WorkerConfig`, the `plexus` CLI (`plexus.runtime.cli`)
+- calling them: `Runtime` (send, publish, progress, stream, subscriptions, registry queries)
+- cross-cutting features: `Interceptor` and its inputs, the built-in interceptors, the `Supervisor` seam
+- storage: `EventLog`, `CheckpointStore`, `ArtifactStore`
+- infrastructure: `NatsServer`, `NatsCluster` (embedded nats-server), subjects and the wire envelope
+"""
+
+from ._agent import Agent, AgentFactory, AgentType, App
+from ._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
+from ._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
+from ._client import Runtime
+from ._context import Context
+from ._envelope import WIRE_VERSION, Envelope, Reply, RunInfo, WireError
+from ._eventlog import EventLog, LogRecord
+from ._interceptors import (
+    DeadlineInterceptor,
+    Delivery,
+    HandleInput,
+    Interceptor,
+    KeepAliveInterceptor,
+    PublishInput,
+    SendInput,
+    TracingInterceptor,
+)
+from ._registry import AgentTypeInfo, WorkerInfo
+from ._server import NatsCluster, NatsServer, NatsServerError
+from ._subjects import Subjects, SubjectTooLongError, escape_token, unescape_token
+from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
+from ._supervisor import LocalSupervisor, Supervisor, new_root_run
+from ._topology import Topology, TopologyConflictError, ensure_topology
+from ._worker import Worker, WorkerConfig
+
+__all__ = [
+    "WIRE_VERSION",
+    "Agent",
+    "AgentFactory",
+    "AgentType",
+    "AgentTypeInfo",
+    "App",
+    "ArtifactNotFoundError",
+    "ArtifactStore",
+    "Checkpoint",
+    "CheckpointConflictError",
+    "CheckpointStore",
+    "Context",
+    "DeadlineInterceptor",
+    "Delivery",
+    "Envelope",
+    "EventLog",
+    "HandleInput",
+    "Interceptor",
+    "KeepAliveInterceptor",
+    "LocalSupervisor",
+    "LogRecord",
+    "NatsCluster",
+    "NatsServer",
+    "NatsServerError",
+    "PayloadTooLargeError",
+    "PublishInput",
+    "Reply",
+    "RunInfo",
+    "Runtime",
+    "SendInput",
+    "SubjectTooLongError",
+    "Subjects",
+    "Subscription",
+    "Supervisor",
+    "Topology",
+    "TopologyConflictError",
+    "TracingInterceptor",
+    "TypePrefixSubscription",
+    "TypeSubscription",
+    "WireError",
+    "Worker",
+    "WorkerConfig",
+    "WorkerInfo",
+    "ensure_topology",
+    "escape_token",
+    "new_root_run",
+    "unescape_token",
+]

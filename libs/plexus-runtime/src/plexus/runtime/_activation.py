@@ -1,0 +1,136 @@
+"""Activations: the in-memory life of one agent instance, restored from and saved to its checkpoint.
+
+The checkpoint document holds the agent's state, the ids (and replies) of recently handled messages — so a
+message redelivered after a crash between "handled" and "acked" is answered without running the handler
+twice — and the EventLog sequence the activation expects, which fences a zombie writer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from plexus.core import AgentId
+
+from ._agent import Agent, AgentType
+from ._checkpoints import CheckpointStore
+
+__all__ = ["Activation", "ActivationTable", "CheckpointDoc"]
+
+#: How many handled message ids a checkpoint remembers for redelivery de-duplication.
+HANDLED_MEMORY = 64
+
+
+class CheckpointDoc(msgspec.Struct, omit_defaults=True):
+    v: int = 1
+    state: dict[str, Any] = {}
+    #: (message id, encoded Reply or None) of the most recent handled messages, oldest first.
+    handled: list[tuple[str, bytes | None]] = []
+    log_seq: int = 0
+    progress_seq: int = 0
+
+
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.Decoder(CheckpointDoc).decode
+
+
+@dataclass
+class Activation:
+    agent_id: AgentId
+    agent: Agent
+    agent_type: AgentType
+    revision: int | None
+    log_seq: int
+    progress_seq: int
+    handled: OrderedDict[str, bytes | None]
+    saved_state: bytes
+    last_used: float = field(default_factory=time.monotonic)
+    #: Serialises this activation's own EventLog appends (a handler may spawn children concurrently).
+    log_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def reply_for(self, message_id: str) -> tuple[bool, bytes | None]:
+        if message_id in self.handled:
+            return True, self.handled[message_id]
+        return False, None
+
+    def remember(self, message_id: str, reply: bytes | None) -> None:
+        self.handled[message_id] = reply
+        while len(self.handled) > HANDLED_MEMORY:
+            self.handled.popitem(last=False)
+
+    def document(self) -> tuple[bytes, bytes]:
+        """(state bytes, whole checkpoint bytes) for change detection and saving."""
+        state = dict(self.agent.save_state())
+        state_bytes = _encode(state)
+        doc = CheckpointDoc(
+            state=state,
+            handled=list(self.handled.items()),
+            log_seq=self.log_seq,
+            progress_seq=self.progress_seq,
+        )
+        return state_bytes, _encode(doc)
+
+
+class ActivationTable:
+    """Live activations of one worker, created lazily and passivated when idle."""
+
+    def __init__(self, checkpoints: CheckpointStore, key_of: Any) -> None:
+        self._checkpoints = checkpoints
+        self._key_of = key_of
+        self._live: dict[AgentId, Activation] = {}
+
+    def __len__(self) -> int:
+        return len(self._live)
+
+    def get(self, agent_id: AgentId) -> Activation | None:
+        return self._live.get(agent_id)
+
+    async def activate(self, agent_id: AgentId, agent_type: AgentType) -> Activation:
+        found = self._live.get(agent_id)
+        if found is not None:
+            found.last_used = time.monotonic()
+            return found
+        agent = await agent_type.create(agent_id)
+        stored = await self._checkpoints.load(self._key_of(agent_id))
+        doc = CheckpointDoc() if stored is None else _decode(stored.state)
+        if doc.state:
+            agent.load_state(doc.state)
+        activation = Activation(
+            agent_id=agent_id,
+            agent=agent,
+            agent_type=agent_type,
+            revision=None if stored is None else stored.revision,
+            log_seq=doc.log_seq,
+            progress_seq=doc.progress_seq,
+            handled=OrderedDict(doc.handled),
+            saved_state=_encode(dict(agent.save_state())),
+        )
+        await agent.on_activate(agent_id)
+        self._live[agent_id] = activation
+        return activation
+
+    async def save(self, activation: Activation, *, force: bool = False) -> None:
+        """Write the checkpoint by compare-and-swap on the revision (a zombie's write fails)."""
+        state_bytes, doc = activation.document()
+        activation.revision = await self._checkpoints.save(
+            self._key_of(activation.agent_id), doc, expected_revision=activation.revision
+        )
+        activation.saved_state = state_bytes
+
+    def drop(self, agent_id: AgentId) -> None:
+        self._live.pop(agent_id, None)
+
+    def idle(self, older_than_s: float, busy: set[AgentId]) -> list[Activation]:
+        now = time.monotonic()
+        return [a for a in self._live.values() if now - a.last_used > older_than_s and a.agent_id not in busy]
+
+    def oldest(self, n: int, busy: set[AgentId]) -> list[Activation]:
+        candidates = sorted(
+            (a for a in self._live.values() if a.agent_id not in busy), key=lambda a: a.last_used
+        )
+        return candidates[:n]

@@ -1,0 +1,144 @@
+"""Agents and the app that declares them.
+
+An `App` is the registry a worker serves: agent types are registered once with a factory, a description,
+capabilities and their delivery options. Factories run lazily, on the first message for a key (seed 003);
+capabilities are published to the cluster registry so anyone can query them without instantiating anything.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from plexus.core import DEFAULT_NAMESPACE, AgentId, BaseBlock, RetryPolicy
+
+if TYPE_CHECKING:
+    from ._context import Context
+    from ._interceptors import Interceptor
+
+__all__ = ["Agent", "AgentFactory", "AgentType", "App"]
+
+
+class Agent:
+    """Base class for agents. Override `on_message`; keep durable state in `self.state` (JSON-serialisable).
+
+    `on_message` returns a list of blocks for an RPC (`send_message`) or None for an event (`publish`).
+    The runtime checkpoints `save_state()` after each handled message when it changed, and calls
+    `load_state()` when the agent is re-activated on any worker.
+    """
+
+    id: AgentId
+
+    def __init__(self) -> None:
+        self.state: dict[str, Any] = {}
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
+        raise NotImplementedError(f"{type(self).__name__} does not handle messages")
+
+    def save_state(self) -> Mapping[str, Any]:
+        return self.state
+
+    def load_state(self, state: Mapping[str, Any]) -> None:
+        self.state = dict(state)
+
+    async def on_activate(self, ctx_id: AgentId) -> None:
+        """Called once after construction and state restore, before the first message."""
+
+    async def on_passivate(self) -> None:
+        """Called before an idle activation is dropped from memory (its state is already checkpointed)."""
+
+
+AgentFactory = Callable[[AgentId], Agent | Awaitable[Agent]]
+_A = TypeVar("_A", bound=type[Agent])
+
+
+@dataclass(frozen=True)
+class AgentType:
+    """One registered agent type and the options the worker and its interceptors read."""
+
+    name: str
+    factory: AgentFactory
+    namespace: str = DEFAULT_NAMESPACE
+    description: str = ""
+    capabilities: tuple[str, ...] = ()
+    durable: bool = True
+    partitions: int = 16
+    #: Handler time limit in seconds (None: only the envelope's deadline applies).
+    time_limit_s: float | None = None
+    retry: RetryPolicy | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+
+    async def create(self, agent_id: AgentId) -> Agent:
+        made = self.factory(agent_id)
+        agent = await made if inspect.isawaitable(made) else made
+        if not isinstance(agent, Agent):
+            raise TypeError(f"factory of {self.name!r} returned {type(agent).__name__}, not an Agent")
+        agent.id = agent_id
+        return agent
+
+
+class App:
+    """The set of agent types (and interceptors) a worker hosts."""
+
+    def __init__(self, namespace: str = DEFAULT_NAMESPACE, interceptors: Sequence[Interceptor] = ()) -> None:
+        AgentId("probe", "k", namespace)  # validates the namespace with the same rules as ids
+        self.namespace = namespace
+        self.interceptors: list[Interceptor] = list(interceptors)
+        self._types: dict[str, AgentType] = {}
+
+    def register(
+        self,
+        name: str,
+        factory: AgentFactory,
+        *,
+        description: str = "",
+        capabilities: Sequence[str] = (),
+        durable: bool = True,
+        partitions: int = 16,
+        time_limit_s: float | None = None,
+        retry: RetryPolicy | None = None,
+        metadata: Mapping[str, str] | None = None,
+    ) -> AgentType:
+        """Register an agent type; the factory is not called until a message arrives for a key."""
+        AgentId(name, "k", self.namespace)  # same validation as an AgentId's type
+        if name in self._types:
+            raise ValueError(f"agent type {name!r} is already registered in this app")
+        if not 1 <= partitions <= 1024:
+            raise ValueError(f"partitions must be between 1 and 1024, got {partitions}")
+        if time_limit_s is not None and time_limit_s <= 0:
+            raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+        agent_type = AgentType(
+            name=name,
+            factory=factory,
+            namespace=self.namespace,
+            description=description,
+            capabilities=tuple(capabilities),
+            durable=durable,
+            partitions=partitions,
+            time_limit_s=time_limit_s,
+            retry=retry,
+            metadata=dict(metadata or {}),
+        )
+        self._types[name] = agent_type
+        return agent_type
+
+    def agent(self, name: str, **options: Any) -> Callable[[_A], _A]:
+        """Class decorator: ``@app.agent("echo", capabilities=["chat"])`` registers ``cls()`` as factory."""
+
+        def decorate(cls: _A) -> _A:
+            self.register(name, lambda _id: cls(), **options)
+            return cls
+
+        return decorate
+
+    def add_interceptor(self, interceptor: Interceptor) -> None:
+        self.interceptors.append(interceptor)
+
+    @property
+    def types(self) -> Mapping[str, AgentType]:
+        return dict(self._types)
+
+    def get(self, name: str) -> AgentType | None:
+        return self._types.get(name)

@@ -1,0 +1,144 @@
+"""The worker's implementation of `ContextBackend`: what `ctx.send`, `ctx.emit_progress`, … actually do."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from plexus.core import (
+    AgentId,
+    AgentProgress,
+    AgentStep,
+    BaseBlock,
+    KernelError,
+    ReasoningDelta,
+    RunChildCompleted,
+    RunChildSpawned,
+    TextDelta,
+    TopicId,
+    Usage,
+)
+
+from ._context import Context
+from ._eventlog import EventLog
+from ._supervisor import LocalSupervisor, Supervisor, new_root_run
+
+if TYPE_CHECKING:
+    from ._activation import Activation
+    from ._worker import Worker
+
+__all__ = ["WorkerBackend"]
+
+
+class WorkerBackend:
+    def __init__(self, worker: Worker, supervisor: Supervisor | None = None) -> None:
+        self.worker = worker
+        self.supervisor: Supervisor = supervisor or LocalSupervisor()
+        self._bound: dict[int, Activation] = {}
+
+    def bind(self, ctx: Context, activation: Activation) -> None:
+        self._bound[id(ctx)] = activation
+
+    def unbind(self, ctx: Context) -> None:
+        self._bound.pop(id(ctx), None)
+
+    def _activation(self, ctx: Context) -> Activation:
+        try:
+            return self._bound[id(ctx)]
+        except KeyError:
+            raise RuntimeError("this Context is no longer active (its handler returned)") from None
+
+    def _run(self, ctx: Context) -> Any:
+        return ctx.run or new_root_run()
+
+    async def send_from(
+        self, ctx: Context, blocks: Sequence[BaseBlock], recipient: AgentId, timeout_s: float
+    ) -> list[BaseBlock]:
+        return await self.worker.rt.send_message(
+            blocks, recipient, timeout=timeout_s, sender=ctx.agent_id, run=ctx.run
+        )
+
+    async def publish_from(self, ctx: Context, blocks: Sequence[BaseBlock], topic: TopicId) -> None:
+        await self.worker.rt.publish_message(blocks, topic, sender=ctx.agent_id, run=ctx.run)
+
+    async def progress_from(
+        self, ctx: Context, step: AgentStep, content: Sequence[BaseBlock], metadata: Mapping[str, Any]
+    ) -> None:
+        activation = self._activation(ctx)
+        activation.progress_seq += 1
+        run = self._run(ctx)
+        event = AgentProgress(
+            agent_id=str(ctx.agent_id),
+            step=step,
+            content=list(content),
+            run_id=run.run_id,
+            root_id=run.root_id,
+            parent_id=run.parent_id,
+            depth=run.depth,
+            seq=activation.progress_seq,
+            ts=time.time(),
+            metadata=dict(metadata),
+        )
+        subject = self.worker.rt.subjects_for(ctx.agent_id.namespace).progress(
+            run.root_id, ctx.agent_id.type, ctx.agent_id.key
+        )
+        # One JetStream publish both captures the event for replay and delivers it to live subscribers.
+        await self.worker.rt.js.publish(subject, event.model_dump_json().encode())
+
+    async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
+        event = ReasoningDelta(text=text) if reasoning else TextDelta(text=text)
+        subject = self.worker.rt.subjects_for(ctx.agent_id.namespace).stream(
+            ctx.agent_id.type, ctx.agent_id.key
+        )
+        await self.worker.rt.nc.publish(subject, event.model_dump_json().encode())
+
+    async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
+        await self.supervisor.consume(self._run(ctx), ctx.agent_id, usage, turns)
+
+    async def spawn_from(
+        self,
+        ctx: Context,
+        child: AgentId,
+        blocks: Sequence[BaseBlock],
+        priority: int | None,
+        timeout_s: float,
+    ) -> list[BaseBlock]:
+        activation = self._activation(ctx)
+        parent = self._run(ctx)
+        child_run = await self.supervisor.spawn(parent, ctx.agent_id, child, priority)
+        log = self.event_log_for(ctx.agent_id)
+        # child.spawned is durable before the child is enqueued, so a crash never leaves an unrecorded child.
+        spawned = RunChildSpawned(
+            run_id=parent.run_id,
+            agent_id=str(ctx.agent_id),
+            child_run_id=child_run.run_id,
+            child_agent_id=str(child),
+        )
+        async with activation.log_lock:
+            activation.log_seq = await log.append([spawned], expected_seq=activation.log_seq)
+        status = "completed"
+        try:
+            return await self.worker.rt.send_message(
+                blocks, child, timeout=timeout_s, sender=ctx.agent_id, run=child_run
+            )
+        except KernelError:
+            status = "failed"
+            raise
+        finally:
+            await self.supervisor.finished(child_run, status)
+            ctx.record(
+                RunChildCompleted(
+                    run_id=parent.run_id,
+                    agent_id=str(ctx.agent_id),
+                    child_run_id=child_run.run_id,
+                    child_agent_id=str(child),
+                    status=status,
+                )
+            )
+
+    async def checkpoint_from(self, ctx: Context) -> None:
+        await self.worker._activations.save(self._activation(ctx))
+
+    def event_log_for(self, agent_id: AgentId) -> EventLog[Any]:
+        return self.worker.rt.event_log(agent_id)

@@ -1,0 +1,407 @@
+"""`Runtime`: the client side of Plexus — connect, send, publish, subscribe, watch progress and streams.
+
+Every wait has a deadline: a send to a type no live worker hosts fails with `AgentNotFoundError` by the
+deadline; a reply that does not come in time fails with `ReplyTimeoutError`. Remote failures are re-raised
+as the same `KernelError` class with the same fields.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import msgspec
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+from nats.js import JetStreamContext
+from nats.js import api as js_api
+
+from plexus.core import (
+    DEFAULT_NAMESPACE,
+    AgentId,
+    AgentNotFoundError,
+    AgentProgress,
+    BaseBlock,
+    KernelError,
+    MessageId,
+    ReplyTimeoutError,
+    StreamEvent,
+    TopicId,
+    stream_event_from_json,
+)
+
+from ._artifacts import ArtifactStore, check_payload_size
+from ._envelope import (
+    HDR_MSG_ID,
+    Envelope,
+    Reply,
+    RunInfo,
+    blocks_from_payload,
+    decode_reply,
+    encode_envelope,
+    make_headers,
+    payload_from_blocks,
+)
+from ._eventlog import EventLog
+from ._interceptors import Interceptor, PublishInput, SendInput, TracingInterceptor, chain
+from ._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
+from ._server import NatsServer
+from ._subjects import Subjects
+from ._subscriptions import Subscription, SubscriptionTable
+from ._supervisor import new_root_run
+from ._topology import Topology, ensure_topology
+
+__all__ = ["Runtime"]
+
+
+class Runtime:
+    """A connection to a Plexus cluster. Use `await Runtime.connect(url)` or `await Runtime.embedded()`."""
+
+    def __init__(
+        self,
+        nc: NATS,
+        topology: Topology,
+        *,
+        prefix: str = "px",
+        namespace: str = DEFAULT_NAMESPACE,
+        partitions: int = 16,
+        heartbeat_ttl_s: float = 10.0,
+        interceptors: Sequence[Interceptor] = (),
+    ) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.topology = topology
+        self.prefix = prefix
+        self.namespace = namespace
+        self.partitions = partitions
+        self.subjects = Subjects(prefix=prefix, namespace=namespace)
+        self.registry = Registry(topology.registry, topology.workers, ttl_s=heartbeat_ttl_s)
+        self._registry_cache = RegistryCache(self.registry)
+        self.subscriptions = SubscriptionTable(topology.subscriptions)
+        self.artifacts = ArtifactStore(topology.artifacts)
+        self._inbox_prefix = nc.new_inbox()
+        self._pending: dict[str, asyncio.Future[Reply]] = {}
+        self._reply_sub: Any = None
+        self._server: NatsServer | None = None
+        icpt = [TracingInterceptor(), *interceptors]
+        self._send_chain = chain(icpt, "send", self._send_terminal)
+        self._publish_chain = chain(icpt, "publish", self._publish_terminal)
+
+    # -- construction ---------------------------------------------------------------------------------
+    @classmethod
+    async def connect(
+        cls,
+        url: str | Sequence[str] = "nats://127.0.0.1:4222",
+        *,
+        prefix: str = "px",
+        namespace: str = DEFAULT_NAMESPACE,
+        partitions: int = 16,
+        heartbeat_ttl_s: float = 10.0,
+        lease_ttl_s: float = 10.0,
+        progress_max_age_s: float = 3600.0,
+        interceptors: Sequence[Interceptor] = (),
+        name: str | None = None,
+    ) -> Runtime:
+        servers = [url] if isinstance(url, str) else list(url)
+        nc = await nats.connect(servers=servers, name=name or "plexus", max_reconnect_attempts=-1)
+        topology = await ensure_topology(
+            nc.jetstream(),
+            prefix=prefix,
+            partitions=partitions,
+            progress_max_age_s=progress_max_age_s,
+            workers_ttl_s=heartbeat_ttl_s,
+            leases_ttl_s=lease_ttl_s,
+        )
+        rt = cls(
+            nc,
+            topology,
+            prefix=prefix,
+            namespace=namespace,
+            partitions=partitions,
+            heartbeat_ttl_s=heartbeat_ttl_s,
+            interceptors=interceptors,
+        )
+        await rt._start()
+        return rt
+
+    @classmethod
+    async def embedded(cls, **kwargs: Any) -> Runtime:
+        """Start a private nats-server (stopped by `close()`) and connect to it."""
+        server = NatsServer()
+        await asyncio.to_thread(server.start)
+        try:
+            rt = await cls.connect(server.url, **kwargs)
+        except BaseException:
+            server.cleanup()
+            raise
+        rt._server = server
+        return rt
+
+    async def _start(self) -> None:
+        self._reply_sub = await self.nc.subscribe(f"{self._inbox_prefix}.*", cb=self._on_reply)
+        await self._registry_cache.start()
+        await self.subscriptions.start()
+
+    async def close(self) -> None:
+        for fut in self._pending.values():
+            if not fut.done():
+                fut.cancel()
+        with contextlib.suppress(Exception):
+            await self.subscriptions.stop()
+        with contextlib.suppress(Exception):
+            await self._registry_cache.stop()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        if self._server is not None:
+            await asyncio.to_thread(self._server.cleanup)
+
+    async def __aenter__(self) -> Runtime:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+    def subjects_for(self, namespace: str) -> Subjects:
+        if namespace == self.namespace:
+            return self.subjects
+        return Subjects(prefix=self.prefix, namespace=namespace)
+
+    # -- discovery (no instantiation) -------------------------------------------------------------------
+    async def agent_types(self, namespace: str | None = None) -> list[AgentTypeInfo]:
+        return await self.registry.list_types(namespace)
+
+    async def capabilities(self, agent_type: str, namespace: str | None = None) -> list[str]:
+        return await self.registry.capabilities(namespace or self.namespace, agent_type)
+
+    async def workers(self, agent_type: str | None = None, namespace: str | None = None) -> list[WorkerInfo]:
+        ns_type = f"{namespace or self.namespace}/{agent_type}" if agent_type else None
+        return await self.registry.live_workers(ns_type)
+
+    async def get(
+        self, agent_type: str, key: str = "default", *, lazy: bool = True, timeout: float = 5.0
+    ) -> AgentId:
+        """The AgentId of `agent_type/key`. Nothing is instantiated (activation happens on first message).
+
+        With ``lazy=False`` the type must have a live host within `timeout`, else AgentNotFoundError.
+        """
+        agent_id = AgentId(agent_type, key, self.namespace)
+        if not lazy:
+            await self._host_for(agent_id, time.monotonic() + timeout)
+        return agent_id
+
+    async def _host_for(self, agent_id: AgentId, deadline: float) -> AgentTypeInfo:
+        info = self._registry_cache.get_type(agent_id.namespace, agent_id.type)
+        if info is not None and self._registry_cache.has_live_host(agent_id.namespace, agent_id.type):
+            return info
+        remaining = max(deadline - time.monotonic(), 0.0)
+        if await self.registry.wait_for_host(agent_id.namespace, agent_id.type, remaining):
+            found = await self.registry.get_type(agent_id.namespace, agent_id.type)
+            if found is not None:
+                return found
+        raise AgentNotFoundError(agent_id)
+
+    # -- send / publish -------------------------------------------------------------------------------
+    async def send_message(
+        self,
+        blocks: Sequence[BaseBlock],
+        agent_id: AgentId,
+        *,
+        timeout: float = 30.0,
+        sender: AgentId | None = None,
+        run: RunInfo | None = None,
+        message_id: str | None = None,
+    ) -> list[BaseBlock]:
+        """RPC: deliver `blocks` to `agent_id` and return its reply, or raise its typed error."""
+        if timeout <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout}")
+        inp = SendInput(
+            blocks=list(blocks),
+            recipient=agent_id,
+            sender=sender,
+            message_id=message_id or str(MessageId.new()),
+            timeout_s=timeout,
+            headers={},
+            run=run,
+        )
+        result: list[BaseBlock] = await self._send_chain(inp)
+        return result
+
+    async def _send_terminal(self, inp: SendInput) -> list[BaseBlock]:
+        deadline = time.monotonic() + inp.timeout_s
+        info = await self._host_for(inp.recipient, deadline)
+        subjects = self.subjects_for(inp.recipient.namespace)
+        env = await self._envelope(
+            inp.blocks, inp.recipient, "send", inp.sender, inp.run, inp.message_id, inp.timeout_s
+        )
+        headers = make_headers(env, inp.headers)
+        remaining = max(deadline - time.monotonic(), 0.001)
+        if not info.durable:
+            data = encode_envelope(env)
+            check_payload_size(len(data), self.nc.max_payload)
+            try:
+                msg = await self.nc.request(
+                    subjects.ephemeral(inp.recipient.type, inp.recipient.key),
+                    data,
+                    timeout=remaining,
+                    headers=headers,
+                )
+            except NoRespondersError:
+                raise AgentNotFoundError(inp.recipient) from None
+            except (TimeoutError, NatsTimeoutError):
+                raise ReplyTimeoutError(str(inp.recipient), env.id, inp.timeout_s) from None
+            return self._unwrap(decode_reply(msg.data))
+        reply_to = f"{self._inbox_prefix}.{env.id}"
+        env = msgspec.structs.replace(env, reply_to=reply_to)
+        data = encode_envelope(env)
+        check_payload_size(len(data), self.nc.max_payload)
+        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        self._pending[env.id] = future
+        try:
+            await self.js.publish(
+                subjects.inbox(inp.recipient.type, inp.recipient.key),
+                data,
+                headers=headers,
+                timeout=remaining,
+            )
+            remaining = max(deadline - time.monotonic(), 0.001)
+            try:
+                reply = await asyncio.wait_for(future, remaining)
+            except TimeoutError:
+                raise ReplyTimeoutError(str(inp.recipient), env.id, inp.timeout_s) from None
+        finally:
+            self._pending.pop(env.id, None)
+        return self._unwrap(reply)
+
+    def _unwrap(self, reply: Reply) -> list[BaseBlock]:
+        if not reply.ok:
+            raise KernelError.from_wire(
+                reply.error or {"error_type": "KernelError", "message": "no error detail"}
+            )
+        return blocks_from_payload(reply.payload) if reply.payload is not None else []
+
+    async def _on_reply(self, msg: Msg) -> None:
+        try:
+            reply = decode_reply(msg.data)
+        except Exception:
+            return  # not ours to interpret; the sender's deadline covers a lost reply
+        future = self._pending.get(reply.id) or self._pending.get(msg.subject.rsplit(".", 1)[-1])
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    async def _envelope(
+        self,
+        blocks: Sequence[BaseBlock],
+        target: AgentId,
+        kind: str,
+        sender: AgentId | None,
+        run: RunInfo | None,
+        message_id: str,
+        timeout_s: float | None,
+        topic: TopicId | None = None,
+    ) -> Envelope:
+        offloaded = await self.artifacts.offload(list(blocks))
+        now = time.time()
+        return Envelope(
+            id=message_id,
+            kind=kind,  # type: ignore[arg-type]
+            target=str(target),
+            sender=str(sender) if sender else None,
+            topic=str(topic) if topic else None,
+            reply_to=None,
+            payload=payload_from_blocks(offloaded),
+            run=run or new_root_run(),
+            sent_at=now,
+            deadline=now + timeout_s if timeout_s is not None else None,
+        )
+
+    async def publish_message(
+        self,
+        blocks: Sequence[BaseBlock],
+        topic_id: TopicId,
+        *,
+        sender: AgentId | None = None,
+        run: RunInfo | None = None,
+        message_id: str | None = None,
+    ) -> int:
+        """Deliver to every agent subscribed to `topic_id` (not the sender); returns the recipient count."""
+        inp = PublishInput(
+            blocks=list(blocks),
+            topic=topic_id,
+            sender=sender,
+            message_id=message_id or str(MessageId.new()),
+            headers={},
+            run=run,
+        )
+        await self._publish_chain(inp)
+        return len(self.subscriptions.recipients(topic_id, sender))
+
+    async def _publish_terminal(self, inp: PublishInput) -> None:
+        for recipient in self.subscriptions.recipients(inp.topic, inp.sender):
+            info = self._registry_cache.get_type(recipient.namespace, recipient.type)
+            # Per-recipient ids keep de-duplication per inbox while staying stable across publisher retries.
+            message_id = f"{inp.message_id}.{recipient.type}"
+            env = await self._envelope(
+                inp.blocks, recipient, "publish", inp.sender, inp.run, message_id, None, inp.topic
+            )
+            data = encode_envelope(env)
+            check_payload_size(len(data), self.nc.max_payload)
+            headers = make_headers(env, inp.headers)
+            subjects = self.subjects_for(recipient.namespace)
+            if info is not None and not info.durable:
+                await self.nc.publish(
+                    subjects.ephemeral(recipient.type, recipient.key), data, headers=headers
+                )
+            else:
+                await self.js.publish(subjects.inbox(recipient.type, recipient.key), data, headers=headers)
+
+    async def add_subscription(self, subscription: Subscription) -> str:
+        return await self.subscriptions.add(subscription)
+
+    async def remove_subscription(self, subscription_id: str) -> None:
+        await self.subscriptions.remove(subscription_id)
+
+    # -- observation ----------------------------------------------------------------------------------
+    async def progress(self, run_id: str) -> AsyncIterator[AgentProgress]:
+        """Every progress event of the run tree rooted at `run_id`: replayed from its start, then live."""
+        subject = self.subjects.progress_tree(run_id)
+        sub = await self.js.subscribe(
+            subject,
+            ordered_consumer=True,
+            deliver_policy=js_api.DeliverPolicy.ALL,
+            stream=self.topology.names.progress_stream,
+        )
+        try:
+            async for msg in sub.messages:
+                yield AgentProgress.model_validate_json(msg.data)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    async def stream(self, agent_id: AgentId) -> AsyncIterator[StreamEvent]:
+        """Live token deltas of one agent (core NATS: no replay)."""
+        sub = await self.nc.subscribe(
+            self.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key)
+        )
+        try:
+            async for msg in sub.messages:
+                yield stream_event_from_json(msg.data)
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+
+    def event_log(self, agent_id: AgentId) -> EventLog[Any]:
+        subjects = self.subjects_for(agent_id.namespace)
+        return EventLog(
+            self.js,
+            stream=self.topology.names.events_stream,
+            subject=subjects.evlog(agent_id.type, agent_id.key),
+        )
+
+
+_ = HDR_MSG_ID

@@ -1,0 +1,141 @@
+"""`Context`: what a handler can see and do while it handles one message.
+
+The Context is a thin, per-message view; the work is done by a `ContextBackend` (the worker). The seams the
+orchestrator fills — `spawn` and budget accounting (`usage`) — go through a `Supervisor` (see
+`_supervisor.py`), so a budget-aware cluster replaces the local default without touching agents.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Protocol
+
+from plexus.core import (
+    AgentId,
+    AgentStep,
+    BaseBlock,
+    CancellationController,
+    CancellationHandle,
+    Cost,
+    KernelMessage,
+    TopicId,
+    Usage,
+)
+
+if TYPE_CHECKING:
+    from ._envelope import RunInfo
+    from ._eventlog import EventLog
+
+__all__ = ["Context", "ContextBackend"]
+
+
+class ContextBackend(Protocol):
+    """Implemented by the worker: the side effects a Context delegates."""
+
+    async def send_from(
+        self, ctx: Context, blocks: Sequence[BaseBlock], recipient: AgentId, timeout_s: float
+    ) -> list[BaseBlock]: ...
+
+    async def publish_from(self, ctx: Context, blocks: Sequence[BaseBlock], topic: TopicId) -> None: ...
+
+    async def progress_from(
+        self, ctx: Context, step: AgentStep, content: Sequence[BaseBlock], metadata: Mapping[str, Any]
+    ) -> None: ...
+
+    async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None: ...
+
+    async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None: ...
+
+    async def spawn_from(
+        self,
+        ctx: Context,
+        child: AgentId,
+        blocks: Sequence[BaseBlock],
+        priority: int | None,
+        timeout_s: float,
+    ) -> list[BaseBlock]: ...
+
+    async def checkpoint_from(self, ctx: Context) -> None: ...
+
+    def event_log_for(self, agent_id: AgentId) -> EventLog[Any]: ...
+
+
+@dataclass(eq=False)
+class Context:
+    """Per-message handler context. Create via the worker, never directly in production code."""
+
+    agent_id: AgentId
+    message_id: str
+    sender: AgentId | None
+    topic: TopicId | None
+    run: RunInfo | None
+    is_rpc: bool
+    attempt: int
+    _backend: ContextBackend = field(repr=False)
+    _controller: CancellationController = field(default_factory=CancellationController, repr=False)
+    #: Entries recorded by the handler; appended to the EventLog with the message's own entries, atomically.
+    pending_entries: list[KernelMessage] = field(default_factory=list, repr=False)
+
+    @property
+    def cancellation(self) -> CancellationHandle:
+        """Fires on run cancellation, deadline, or worker shutdown; `check()` raises CancellationError."""
+        return self._controller.handle
+
+    @property
+    def run_id(self) -> str | None:
+        return self.run.run_id if self.run else None
+
+    async def send(
+        self, blocks: Sequence[BaseBlock], recipient: AgentId, *, timeout: float = 30.0
+    ) -> list[BaseBlock]:
+        """RPC another agent; raises its typed error. Carries this message's run info."""
+        return await self._backend.send_from(self, blocks, recipient, timeout)
+
+    async def publish(self, blocks: Sequence[BaseBlock], topic: TopicId) -> None:
+        await self._backend.publish_from(self, blocks, topic)
+
+    async def emit_progress(
+        self,
+        step: AgentStep | str,
+        content: Sequence[BaseBlock] = (),
+        metadata: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Publish an `AgentProgress` on the run tree's subject (captured for replay)."""
+        await self._backend.progress_from(self, AgentStep(step), content, metadata or {})
+
+    async def stream(self, text: str, *, reasoning: bool = False) -> None:
+        """Emit a token delta on this agent's stream subject (core NATS only: live viewers, no replay)."""
+        await self._backend.stream_from(self, text, reasoning)
+
+    async def usage(
+        self, usage: Usage | None = None, *, tokens: int = 0, cost_usd: float = 0.0, turns: int = 0
+    ) -> None:
+        """Report consumption (the seed's ExecutionTracker.consume); raises BudgetExhaustedError when over."""
+        if usage is None:
+            # Plain totals (the seed's consume(tokens, cost, turns)) count as output tokens.
+            usage = Usage(output_tokens=tokens, cost=Cost(amount=cost_usd) if cost_usd else None)
+        await self._backend.usage_from(self, usage, turns)
+
+    async def spawn(
+        self,
+        child: AgentId,
+        blocks: Sequence[BaseBlock],
+        *,
+        priority: int | None = None,
+        timeout: float = 300.0,
+    ) -> list[BaseBlock]:
+        """Start `child` as a sub-run of this run and await its reply (SpawnDenied when over budget)."""
+        return await self._backend.spawn_from(self, child, blocks, priority, timeout)
+
+    def record(self, entry: KernelMessage) -> None:
+        """Add an entry to this agent's EventLog; written atomically with the message's own entries."""
+        self.pending_entries.append(entry)
+
+    async def checkpoint(self) -> None:
+        """Persist the agent's state now (long handlers); it is also saved after the handler returns."""
+        await self._backend.checkpoint_from(self)
+
+    @property
+    def event_log(self) -> EventLog[Any]:
+        return self._backend.event_log_for(self.agent_id)

@@ -1,0 +1,297 @@
+"""The per-agent EventLog (seed 000): an append-only log on one subject of the ``PLEXUS_EVENTS`` stream.
+
+An append of several entries is ONE JetStream message whose body is a JSON array of the encoded entries,
+published with ``Nats-Expected-Last-Subject-Sequence``: the server stores all of them or none, and a writer
+whose view of the log is stale gets `ConcurrentAppendError` instead of interleaving with another writer
+(seed 000: "fences concurrent writes without a distributed lock").
+
+Sequences are JetStream *stream* sequences of the batch messages, so one agent's sequences grow but are not
+contiguous (other agents share the stream). A `LogRecord` is addressed by ``(seq, index)``: the batch and the
+entry's position inside it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import re
+from collections import deque
+from collections.abc import AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Generic, TypeVar, overload
+
+import msgspec
+import nats.errors
+from nats.js import JetStreamContext
+from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.errors import APIError, NotFoundError
+
+from plexus.core._errors import ConcurrentAppendError
+from plexus.core._messages import KernelMessage, UnknownMessage, entry_from_json, entry_to_json
+
+from ._artifacts import safe_publish
+
+__all__ = ["DEFAULT_EVENTS_STREAM", "EventLog", "EventLogEntry", "LogRecord", "LogTail"]
+
+T = TypeVar("T")
+
+DEFAULT_EVENTS_STREAM = "PLEXUS_EVENTS"
+EventLogEntry = KernelMessage | UnknownMessage
+"""The default entry type: kernel messages and run events of `plexus.core._messages`."""
+
+_EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
+_EXPECTED_STREAM = "Nats-Expected-Stream"
+_MSG_ID = "Nats-Msg-Id"
+# 10071: "wrong last sequence: N"; 10164: the same check failing without a number (batch/in-flight cases).
+_WRONG_LAST_SEQ_CODES = (10071, 10164)
+_NO_MESSAGE_FOUND = 10037
+_WRONG_LAST_SEQ_RE = re.compile(r"wrong last sequence:\s*(\d+)")
+_RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
+
+
+@dataclass(frozen=True, slots=True)
+class LogRecord(Generic[T]):
+    """One entry of the log: the batch's stream sequence, the entry's index inside the batch, the entry."""
+
+    seq: int
+    index: int
+    entry: T
+
+
+class EventLog(Generic[T]):
+    """The EventLog of one agent: ``subject`` in ``stream``, entries converted by ``encode``/``decode``.
+
+    ``encode`` must return one JSON value as bytes (entries are packed into a JSON array); the default
+    codec is `entry_to_json` / `entry_from_json`. ``timeout`` bounds every server round trip and, in
+    `read`, the wait for the next stored message.
+    """
+
+    @overload
+    def __init__(
+        self: EventLog[EventLogEntry],
+        js: JetStreamContext,
+        subject: str,
+        *,
+        stream: str = ...,
+        encode: None = None,
+        decode: None = None,
+        timeout: float = ...,
+    ) -> None: ...
+
+    @overload
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subject: str,
+        *,
+        stream: str = ...,
+        encode: Callable[[T], bytes],
+        decode: Callable[[bytes], T],
+        timeout: float = ...,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        js: JetStreamContext,
+        subject: str,
+        *,
+        stream: str = DEFAULT_EVENTS_STREAM,
+        encode: Callable[[T], bytes] | None = None,
+        decode: Callable[[bytes], T] | None = None,
+        timeout: float = 5.0,
+    ) -> None:
+        if not subject or any(c in subject for c in " \t\r\n*>"):
+            raise ValueError(f"EventLog subject must be a literal subject without wildcards, got {subject!r}")
+        if (encode is None) != (decode is None):
+            raise ValueError("give both encode and decode, or neither for the default entry codec")
+        if timeout <= 0:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
+        self._js = js
+        self.subject = subject
+        self.stream = stream
+        # The overloads tie T to EventLogEntry exactly when the default codec is used.
+        self._encode: Callable[[T], bytes] = encode if encode is not None else entry_to_json  # type: ignore[assignment]
+        self._decode: Callable[[bytes], T] = decode if decode is not None else entry_from_json  # type: ignore[assignment]
+        self._timeout = timeout
+
+    # -- writing -------------------------------------------------------------------------------------
+    async def append(self, entries: Sequence[T], expected_seq: int, *, msg_id: str | None = None) -> int:
+        """Append ``entries`` atomically if the log's last sequence is ``expected_seq`` (0: log is empty).
+
+        Returns the new last sequence. Raises `ConcurrentAppendError` when another writer got there first,
+        and `PayloadTooLargeError` when the batch does not fit in one message. With ``msg_id``, retrying an
+        append whose first attempt landed (e.g. after a timeout) returns that attempt's sequence.
+        """
+        if not entries:
+            raise ValueError("append needs at least one entry")
+        if expected_seq < 0:
+            raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
+        payload = b"[" + b",".join(self._encode(entry) for entry in entries) + b"]"
+        headers = {_EXPECTED_LAST_SUBJECT_SEQ: str(expected_seq), _EXPECTED_STREAM: self.stream}
+        if msg_id is not None:
+            headers[_MSG_ID] = msg_id
+        try:
+            ack = await safe_publish(
+                self._js, self.subject, payload, headers=headers, ack_timeout=self._timeout
+            )
+        except APIError as exc:
+            if exc.err_code not in _WRONG_LAST_SEQ_CODES:
+                raise
+            actual = _parse_actual_seq(exc.description)
+            if msg_id is not None:
+                landed = await self._seq_if_last_is(msg_id)
+                if landed is not None:
+                    return landed
+            if actual is None:
+                actual = await self.last_seq()
+            raise ConcurrentAppendError(expected_seq, actual) from None
+        return ack.seq
+
+    async def append_with_retry(self, build: Callable[[int], Sequence[T]], attempts: int = 5) -> int:
+        """Append ``build(last_seq)``, rebuilding against the new last sequence after a conflict.
+
+        ``build`` sees the sequence its entries will follow, so it can re-derive them from the log. An
+        empty build appends nothing and returns the current last sequence. After ``attempts`` conflicts the
+        last `ConcurrentAppendError` propagates.
+        """
+        if attempts < 1:
+            raise ValueError(f"attempts must be >= 1, got {attempts}")
+        expected = await self.last_seq()
+        for attempt in range(attempts):
+            entries = build(expected)
+            if not entries:
+                return expected
+            try:
+                return await self.append(entries, expected)
+            except ConcurrentAppendError as exc:
+                if attempt == attempts - 1:
+                    raise
+                expected = exc.actual_seq if exc.actual_seq is not None else await self.last_seq()
+        raise AssertionError("unreachable")  # pragma: no cover - the loop returns or raises
+
+    # -- reading -------------------------------------------------------------------------------------
+    async def last_seq(self) -> int:
+        """The stream sequence of the log's last batch; 0 when the log is empty."""
+        try:
+            msg = await self._js.get_last_msg(self.stream, self.subject)
+        except NotFoundError as exc:
+            if exc.err_code == _NO_MESSAGE_FOUND:
+                return 0
+            raise  # e.g. the stream itself is missing: a topology problem, not an empty log
+        return int(msg.seq or 0)
+
+    async def read(self, from_seq: int = 0, to_seq: int | None = None) -> list[LogRecord[T]]:
+        """Records of the batches with ``from_seq <= seq <= to_seq``; ``to_seq`` defaults to the last
+        sequence at call time, so the call completes even while writers keep appending."""
+        last = await self.last_seq()
+        stop = last if to_seq is None else min(to_seq, last)
+        start = max(from_seq, 1)
+        if stop < start:
+            return []
+        records: list[LogRecord[T]] = []
+        sub = await self._subscribe(start)
+        try:
+            while True:
+                msg = await sub.next_msg(timeout=self._timeout)
+                meta = msg.metadata
+                seq = meta.sequence.stream
+                if seq > stop:
+                    break
+                records.extend(self._records(seq, msg.data))
+                # num_pending == 0: nothing further is stored (e.g. the last batch was deleted meanwhile).
+                if seq >= stop or meta.num_pending == 0:
+                    break
+        finally:
+            await _unsubscribe(sub)
+        return records
+
+    def tail(self, from_seq: int = 0) -> LogTail[T]:
+        """Stored records from ``from_seq`` on, then live ones as they are appended; never ends by itself.
+
+        Use ``async with log.tail(n) as records: async for r in records: ...`` or call ``aclose()``; the
+        subscription is also removed when the waiting task is cancelled.
+        """
+        return LogTail(self, max(from_seq, 1))
+
+    # -- internals -----------------------------------------------------------------------------------
+    async def _subscribe(self, start: int) -> JetStreamContext.PushSubscription:
+        config = ConsumerConfig(opt_start_seq=start)
+        return await self._js.subscribe(
+            self.subject,
+            stream=self.stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+            config=config,
+        )
+
+    def _records(self, seq: int, data: bytes) -> list[LogRecord[T]]:
+        try:
+            raw_entries = _RAW_ARRAY.decode(data)
+        except msgspec.DecodeError as exc:
+            raise ValueError(f"EventLog {self.subject} seq {seq} is not a JSON array: {exc}") from None
+        return [LogRecord(seq, i, self._decode(bytes(raw))) for i, raw in enumerate(raw_entries)]
+
+    async def _seq_if_last_is(self, msg_id: str) -> int | None:
+        try:
+            msg = await self._js.get_last_msg(self.stream, self.subject)
+        except NotFoundError:
+            return None
+        headers = msg.headers or {}
+        return int(msg.seq or 0) if headers.get(_MSG_ID) == msg_id else None
+
+
+class LogTail(Generic[T]):
+    """Async iterator over an EventLog's records, stored then live (see `EventLog.tail`)."""
+
+    def __init__(self, log: EventLog[T], start: int) -> None:
+        self._log = log
+        self._start = start
+        self._sub: JetStreamContext.PushSubscription | None = None
+        self._buffer: deque[LogRecord[T]] = deque()
+        self._closed = False
+
+    def __aiter__(self) -> AsyncIterator[LogRecord[T]]:
+        return self
+
+    async def __anext__(self) -> LogRecord[T]:
+        if self._closed:
+            raise StopAsyncIteration
+        try:
+            while not self._buffer:
+                if self._sub is None:
+                    self._sub = await self._log._subscribe(self._start)
+                # No deadline on purpose: a tail waits for the next append until it is closed or cancelled.
+                msg = await self._sub.next_msg(timeout=None)
+                self._buffer.extend(self._log._records(msg.metadata.sequence.stream, msg.data))
+        except asyncio.CancelledError:
+            await self.aclose()
+            raise
+        return self._buffer.popleft()
+
+    async def aclose(self) -> None:
+        """Stop the tail and remove its subscription (idempotent)."""
+        self._closed = True
+        sub, self._sub = self._sub, None
+        if sub is not None:
+            await _unsubscribe(sub)
+
+    async def __aenter__(self) -> LogTail[T]:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+
+async def _unsubscribe(sub: JetStreamContext.PushSubscription) -> None:
+    # The ephemeral consumer is removed by the server once interest is gone; a closed connection already
+    # dropped the subscription, so there is nothing left to clean up then.
+    with contextlib.suppress(nats.errors.Error):
+        await sub.unsubscribe()
+
+
+def _parse_actual_seq(description: str | None) -> int | None:
+    match = _WRONG_LAST_SEQ_RE.search(description or "")
+    return int(match.group(1)) if match else None

@@ -1,0 +1,111 @@
+"""The supervision seam: budget accounting and spawning go through a `Supervisor`.
+
+`LocalSupervisor` is the default: it enforces a run's `ExecutionBudget` per process and spawns children
+without a cluster-wide limit. The orchestrator service replaces it with one that keeps the accounting in
+JetStream so a whole run tree on many workers shares one budget.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, Priority, RunId, Usage
+
+from ._envelope import RunInfo
+
+__all__ = ["LocalSupervisor", "Supervisor", "new_root_run"]
+
+
+class Supervisor(Protocol):
+    async def consume(self, run: RunInfo, agent_id: AgentId, usage: Usage, turns: int) -> None:
+        """Account `usage` to the run tree; raise BudgetExhaustedError when a dimension is exhausted."""
+        ...
+
+    async def check(self, run: RunInfo) -> None:
+        """Raise if the run tree may not continue (budget exhausted, cancelled, past its deadline)."""
+        ...
+
+    async def spawn(
+        self, parent: RunInfo, parent_agent: AgentId, child: AgentId, priority: int | None
+    ) -> RunInfo:
+        """Admit a child run (SpawnDenied when over the tree's SpawnBudget); return its RunInfo."""
+        ...
+
+    async def finished(self, run: RunInfo, status: str) -> None:
+        """A (child) run ended; release its slot."""
+        ...
+
+
+def new_root_run(
+    *,
+    session_id: str | None = None,
+    priority: int = int(Priority.NORMAL),
+    budget: ExecutionBudget | None = None,
+    deadline: float | None = None,
+) -> RunInfo:
+    run_id = str(RunId.new())
+    if budget is not None and budget.deadline_s is not None and deadline is None:
+        deadline = time.time() + budget.deadline_s
+    return RunInfo(
+        run_id=run_id,
+        root_id=run_id,
+        parent_id=None,
+        depth=0,
+        priority=priority,
+        session_id=session_id,
+        deadline=deadline,
+        budget=budget.model_dump(mode="json") if budget is not None else None,
+    )
+
+
+@dataclass
+class _Totals:
+    tokens: int = 0
+    cost: float = 0.0
+    turns: int = 0
+
+
+class LocalSupervisor:
+    """Per-process budget enforcement (the orchestrator makes it cluster-wide)."""
+
+    def __init__(self) -> None:
+        self._totals: dict[str, _Totals] = {}
+
+    async def consume(self, run: RunInfo, agent_id: AgentId, usage: Usage, turns: int) -> None:
+        totals = self._totals.setdefault(run.root_id, _Totals())
+        totals.tokens += usage.total_tokens
+        totals.cost += usage.cost.amount if usage.cost else 0.0
+        totals.turns += turns
+        await self.check(run)
+
+    async def check(self, run: RunInfo) -> None:
+        if run.budget is None:
+            return
+        budget = ExecutionBudget.model_validate(run.budget)
+        totals = self._totals.get(run.root_id, _Totals())
+        if budget.max_tokens is not None and totals.tokens > budget.max_tokens:
+            raise BudgetExhaustedError("tokens", totals.tokens, budget.max_tokens)
+        if budget.max_cost_usd is not None and totals.cost > budget.max_cost_usd:
+            raise BudgetExhaustedError("cost", totals.cost, budget.max_cost_usd)
+        if budget.max_turns is not None and totals.turns > budget.max_turns:
+            raise BudgetExhaustedError("turns", totals.turns, budget.max_turns)
+
+    async def spawn(
+        self, parent: RunInfo, parent_agent: AgentId, child: AgentId, priority: int | None
+    ) -> RunInfo:
+        await self.check(parent)
+        return RunInfo(
+            run_id=str(RunId.new()),
+            root_id=parent.root_id,
+            parent_id=parent.run_id,
+            depth=parent.depth + 1,
+            priority=parent.priority if priority is None else priority,
+            session_id=parent.session_id,
+            deadline=parent.deadline,
+            budget=parent.budget,
+        )
+
+    async def finished(self, run: RunInfo, status: str) -> None:
+        return None

@@ -1,0 +1,304 @@
+"""Create the JetStream streams, KV buckets and object store Plexus runs on (docs/architecture.md).
+
+`ensure_topology` is idempotent and safe to call from many processes at once: creating a stream that already
+exists with the same configuration succeeds on the server, and "name already in use with a different
+configuration" is answered by updating only the settings that are safe to change (ages, TTLs, history,
+duplicate window, replicas). Settings whose change would break a running system — retention, storage, the
+subjects (another prefix's deployment may own the stream) and the partition transform (keys would move to
+other partitions while their messages are in flight) — raise `TopologyConflictError` instead; pass
+``allow_repartition=True`` to change the partition count on purpose.
+
+Partitioning is done by the server: ``PLEXUS_INBOX`` rewrites ``<prefix>.<ns>.in.<type>.<key>`` to
+``<prefix>.<ns>.inp.<type>.<partition>.<key>`` with ``{{partition(P,3)}}``, which is FNV-1a (32 bit) of the
+key token modulo P; `partition_for` computes the same number client-side.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from nats.js import JetStreamContext
+from nats.js.api import (
+    KeyValueConfig,
+    ObjectStoreConfig,
+    RetentionPolicy,
+    StorageType,
+    StreamConfig,
+    StreamInfo,
+    SubjectTransform,
+)
+from nats.js.errors import BadRequestError
+from nats.js.kv import KeyValue
+from nats.js.object_store import ObjectStore
+
+from plexus.core._errors import KernelError
+
+__all__ = [
+    "DLQ_MAX_AGE_S",
+    "Topology",
+    "TopologyConflictError",
+    "TopologyNames",
+    "ensure_topology",
+    "inbox_transform",
+    "partition_for",
+]
+
+DLQ_MAX_AGE_S = 7 * 24 * 3600.0
+_STREAM_NAME_IN_USE = 10058
+_TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")
+_FNV_OFFSET = 0x811C9DC5
+_FNV_PRIME = 0x01000193
+
+
+class TopologyConflictError(KernelError):
+    """An existing stream or bucket has a setting `ensure_topology` must not change on its own."""
+
+    fields = ("name", "setting", "current", "desired")
+
+    def __init__(self, name: str, setting: str, current: str, desired: str) -> None:
+        self.name = name
+        self.setting = setting
+        self.current = current
+        self.desired = desired
+        super().__init__(f"{name} exists with {setting}={current}, refusing to change it to {desired}")
+
+
+@dataclass(frozen=True, slots=True)
+class TopologyNames:
+    """Names of the streams and buckets; the defaults are those of docs/architecture.md."""
+
+    inbox_stream: str = "PLEXUS_INBOX"
+    events_stream: str = "PLEXUS_EVENTS"
+    progress_stream: str = "PLEXUS_PROGRESS"
+    dlq_stream: str = "PLEXUS_DLQ"
+    checkpoints_bucket: str = "plexus_checkpoints"
+    registry_bucket: str = "plexus_registry"
+    subscriptions_bucket: str = "plexus_subscriptions"
+    workers_bucket: str = "plexus_workers"
+    leases_bucket: str = "plexus_leases"
+    artifacts_bucket: str = "plexus_artifacts"
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Handles to what `ensure_topology` created, with the settings it used."""
+
+    prefix: str
+    partitions: int
+    names: TopologyNames
+    checkpoints: KeyValue
+    registry: KeyValue
+    subscriptions: KeyValue
+    workers: KeyValue
+    leases: KeyValue
+    artifacts: ObjectStore
+    streams: dict[str, StreamInfo] = field(default_factory=dict)
+
+
+def partition_for(key_token: str, partitions: int) -> int:
+    """The partition the server's ``{{partition(P,…)}}`` transform assigns to a (escaped) key token."""
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    h = _FNV_OFFSET
+    for byte in key_token.encode():
+        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
+    return h % partitions
+
+
+def inbox_transform(prefix: str, partitions: int) -> SubjectTransform:
+    """The inbox transform: ``<p>.<ns>.in.<type>.<key>`` → ``<p>.<ns>.inp.<type>.<partition>.<key>``."""
+    return SubjectTransform(
+        src=f"{prefix}.*.in.*.*",
+        dest=f"{prefix}.{{{{wildcard(1)}}}}.inp.{{{{wildcard(2)}}}}.{{{{partition({partitions},3)}}}}"
+        ".{{wildcard(3)}}",
+    )
+
+
+async def ensure_topology(
+    js: JetStreamContext,
+    *,
+    prefix: str = "px",
+    partitions: int = 16,
+    progress_max_age_s: float = 3600.0,
+    replicas: int = 1,
+    dedupe_window_s: float = 120.0,
+    workers_ttl_s: float = 10.0,
+    leases_ttl_s: float = 10.0,
+    dlq_max_age_s: float = DLQ_MAX_AGE_S,
+    storage: StorageType = StorageType.FILE,
+    names: TopologyNames | None = None,
+    allow_repartition: bool = False,
+) -> Topology:
+    """Create or reconcile every stream and bucket of docs/architecture.md and return handles to them.
+
+    Raises ValueError for bad arguments and `TopologyConflictError` when an existing object has an
+    incompatible setting (see the module docstring).
+    """
+    names = names or TopologyNames()
+    if not _TOKEN_RE.fullmatch(prefix):
+        raise ValueError(f"prefix must be one subject token of [A-Za-z0-9_-], got {prefix!r}")
+    if partitions < 1:
+        raise ValueError(f"partitions must be >= 1, got {partitions}")
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
+    for label, value in (
+        ("progress_max_age_s", progress_max_age_s),
+        ("dedupe_window_s", dedupe_window_s),
+        ("workers_ttl_s", workers_ttl_s),
+        ("leases_ttl_s", leases_ttl_s),
+        ("dlq_max_age_s", dlq_max_age_s),
+    ):
+        if value <= 0:
+            raise ValueError(f"{label} must be > 0, got {value}")
+
+    common: dict[str, Any] = {"storage": storage, "num_replicas": replicas}
+    streams = [
+        StreamConfig(
+            name=names.inbox_stream,
+            description="Plexus durable agent inboxes (work queue, partitioned by key)",
+            subjects=[f"{prefix}.*.in.*.*"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            duplicate_window=dedupe_window_s,
+            subject_transform=inbox_transform(prefix, partitions),
+            **common,
+        ),
+        StreamConfig(
+            name=names.events_stream,
+            description="Plexus agent EventLogs",
+            subjects=[f"{prefix}.*.evlog.>"],
+            retention=RetentionPolicy.LIMITS,
+            duplicate_window=dedupe_window_s,
+            **common,
+        ),
+        StreamConfig(
+            name=names.progress_stream,
+            description="Plexus agent progress, replayable per run tree",
+            subjects=[f"{prefix}.*.progress.>"],
+            retention=RetentionPolicy.LIMITS,
+            max_age=progress_max_age_s,
+            duplicate_window=min(dedupe_window_s, progress_max_age_s),
+            **common,
+        ),
+        StreamConfig(
+            name=names.dlq_stream,
+            description="Plexus dead letters (reason in headers)",
+            subjects=[f"{prefix}.*.dlq.>"],
+            retention=RetentionPolicy.LIMITS,
+            max_age=dlq_max_age_s,
+            duplicate_window=min(dedupe_window_s, dlq_max_age_s),
+            **common,
+        ),
+    ]
+    infos: dict[str, StreamInfo] = {}
+    for config in streams:
+        assert config.name is not None
+        infos[config.name] = await _ensure_stream(js, config, allow_repartition=allow_repartition)
+
+    def kv(bucket: str, ttl: float | None) -> KeyValueConfig:
+        return KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas, storage=storage)
+
+    return Topology(
+        prefix=prefix,
+        partitions=partitions,
+        names=names,
+        checkpoints=await _ensure_kv(js, kv(names.checkpoints_bucket, None)),
+        registry=await _ensure_kv(js, kv(names.registry_bucket, None)),
+        subscriptions=await _ensure_kv(js, kv(names.subscriptions_bucket, None)),
+        workers=await _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s)),
+        leases=await _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s)),
+        artifacts=await _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage),
+        streams=infos,
+    )
+
+
+# --------------------------------------------------------------------------------------------------------
+# Reconciliation
+
+
+_STREAM_MANAGED = ("max_age", "duplicate_window", "num_replicas")
+_STREAM_FROZEN = ("retention", "storage", "subjects", "subject_transform")
+
+
+async def _ensure_stream(
+    js: JetStreamContext,
+    desired: StreamConfig,
+    *,
+    managed: tuple[str, ...] = _STREAM_MANAGED,
+    frozen: tuple[str, ...] = _STREAM_FROZEN,
+    allow_repartition: bool = False,
+) -> StreamInfo:
+    """Create ``desired``; if a different stream of that name exists, reconcile the ``managed`` settings
+    and refuse to touch the ``frozen`` ones. Settings ``desired`` leaves None are not compared."""
+    try:
+        return await js.add_stream(desired)
+    except BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise
+    assert desired.name is not None
+    if allow_repartition:
+        frozen = tuple(s for s in frozen if s != "subject_transform")
+        managed = (*managed, "subject_transform")
+    current = (await js.stream_info(desired.name)).config
+    for setting in frozen:
+        have, want = _norm(getattr(current, setting)), _norm(getattr(desired, setting))
+        if want is not None and have != want:
+            raise TopologyConflictError(desired.name, setting, str(have), str(want))
+    patch = {
+        setting: getattr(desired, setting)
+        for setting in managed
+        if getattr(desired, setting) is not None
+        and _norm(getattr(current, setting)) != _norm(getattr(desired, setting))
+    }
+    if not patch:
+        # Differences only in settings we do not manage (e.g. an operator enabled allow_direct): keep them.
+        return await js.stream_info(desired.name)
+    return await js.update_stream(current.evolve(**patch))
+
+
+def _norm(value: Any) -> Any:
+    # The server echoes defaults (max_age 0.0, lists, plain strings for enums); compare on that form.
+    if value is None:
+        return None
+    if isinstance(value, RetentionPolicy | StorageType):
+        return value.value
+    if isinstance(value, float | int) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+    try:
+        return await js.create_key_value(config)
+    except BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise
+    ttl = config.ttl or 0.0
+    # Mirrors nats-py's create_key_value: the duplicate window may not exceed the bucket TTL.
+    window = min(120.0, ttl) if ttl else 120.0
+    desired = StreamConfig(
+        name=f"KV_{config.bucket}",
+        max_age=ttl,
+        max_msgs_per_subject=config.history,
+        duplicate_window=window,
+        num_replicas=config.replicas,
+        storage=config.storage,
+    )
+    await _ensure_stream(js, desired, managed=(*_STREAM_MANAGED, "max_msgs_per_subject"))
+    return await js.key_value(config.bucket)
+
+
+async def _ensure_object_store(
+    js: JetStreamContext, bucket: str, *, replicas: int, storage: StorageType
+) -> ObjectStore:
+    try:
+        return await js.create_object_store(
+            bucket, config=ObjectStoreConfig(replicas=replicas, storage=storage)
+        )
+    except BadRequestError as exc:
+        if exc.err_code != _STREAM_NAME_IN_USE:
+            raise
+    desired = StreamConfig(name=f"OBJ_{bucket}", num_replicas=replicas, storage=storage)
+    await _ensure_stream(js, desired, managed=("num_replicas",))
+    return await js.object_store(bucket)

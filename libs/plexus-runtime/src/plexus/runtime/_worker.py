@@ -1,0 +1,424 @@
+"""The worker: hosts an App's agent types, pulls their inboxes and runs handlers.
+
+The worker loop only decodes, routes to per-key mailboxes, runs the interceptor chain and commits
+(EventLog → checkpoint → reply → ack). Everything else — keep-alive, time limits, tracing, budgets — is an
+interceptor; partition ownership lives in `_partitions.py`; activations in `_activation.py`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from nats.aio.msg import Msg
+
+from plexus.core import (
+    AgentId,
+    BaseBlock,
+    ConcurrentAppendError,
+    HandlerError,
+    KernelError,
+    ReplyMessage,
+    RunMessageReceived,
+)
+
+from ._activation import Activation, ActivationTable
+from ._agent import AgentType, App
+from ._backend import WorkerBackend
+from ._checkpoints import CheckpointConflictError, CheckpointStore
+from ._client import Runtime
+from ._context import Context
+from ._envelope import (
+    Envelope,
+    Reply,
+    WireError,
+    blocks_from_payload,
+    decode_envelope,
+    encode_reply,
+    payload_from_blocks,
+)
+from ._interceptors import (
+    DeadlineInterceptor,
+    HandleInput,
+    KeepAliveInterceptor,
+    TracingInterceptor,
+    chain,
+)
+from ._leases import LeaseManager
+from ._partitions import PartitionOwner
+from ._registry import AgentTypeInfo, WorkerInfo
+from ._subjects import checkpoint_key
+
+__all__ = ["Worker", "WorkerConfig"]
+
+log = logging.getLogger("plexus.worker")
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    concurrency: int = 64
+    ack_wait_s: float = 30.0
+    lease_ttl_s: float = 10.0
+    heartbeat_s: float = 2.0
+    idle_passivate_s: float = 60.0
+    max_activations: int = 10_000
+    worker_id: str | None = None
+
+
+@dataclass
+class _JsDelivery:
+    msg: Msg
+    ack_wait_s: float
+
+    async def in_progress(self) -> None:
+        await self.msg.in_progress()
+
+
+@dataclass
+class _Work:
+    msg: Msg
+    env: Envelope
+    agent_type: AgentType
+    agent_id: AgentId
+    durable: bool
+
+    @property
+    def reply_to(self) -> str | None:
+        # Durable callers name their reply inbox in the envelope; ephemeral ones use core request/reply.
+        return self.env.reply_to if self.durable else (self.msg.reply or self.env.reply_to)
+
+
+class Worker:
+    """Serves `app` on an existing runtime connection. `start()`, then `stop()` (graceful) or `kill`."""
+
+    def __init__(self, app: App, runtime: Runtime, config: WorkerConfig | None = None) -> None:
+        self.app = app
+        self.rt = runtime
+        self.config = config or WorkerConfig()
+        self.worker_id = self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
+        self.started_at = time.time()
+        self._inflight = asyncio.Semaphore(self.config.concurrency * 4)
+        from ._mailbox import Mailboxes
+
+        self._mailboxes: Mailboxes[AgentId, _Work] = Mailboxes(self._run_one, self.config.concurrency)
+        self._activations = ActivationTable(
+            CheckpointStore(runtime.topology.checkpoints),
+            lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
+        )
+        self._owners: dict[str, PartitionOwner] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self._subs: list[Any] = []
+        self._backend = WorkerBackend(self)
+        interceptors = [
+            TracingInterceptor(),
+            KeepAliveInterceptor(),
+            DeadlineInterceptor(),
+            *app.interceptors,
+        ]
+        self._handle_chain = chain(interceptors, "handle", self._invoke)
+        self._stopping = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        for agent_type in self.app.types.values():
+            await self.rt.registry.register_type(
+                AgentTypeInfo(
+                    namespace=agent_type.namespace,
+                    type=agent_type.name,
+                    description=agent_type.description,
+                    capabilities=list(agent_type.capabilities),
+                    durable=agent_type.durable,
+                    partitions=self.rt.partitions,
+                    metadata=dict(agent_type.metadata),
+                )
+            )
+        await self._heartbeat()
+        leases = LeaseManager(self.rt.topology.leases, self.worker_id, self.config.lease_ttl_s)
+        for agent_type in self.app.types.values():
+            if agent_type.durable:
+                self._owners[agent_type.name] = PartitionOwner(
+                    js=self.rt.js,
+                    leases=leases,
+                    subjects=self.rt.subjects_for(agent_type.namespace),
+                    stream=self.rt.topology.names.inbox_stream,
+                    agent_type=agent_type.name,
+                    partitions=self.rt.partitions,
+                    worker_id=self.worker_id,
+                    live_workers=self._live_worker_ids(agent_type),
+                    dispatch=self._dispatch_durable,
+                    slots=self._inflight,
+                    ack_wait_s=self.config.ack_wait_s,
+                    max_ack_pending=self.config.concurrency * 8,
+                    on_lost=_log_lost(agent_type.name),
+                )
+            else:
+                subjects = self.rt.subjects_for(agent_type.namespace)
+                sub = await self.rt.nc.subscribe(
+                    subjects.ephemeral_wildcard(agent_type.name),
+                    queue=subjects.ephemeral_queue(agent_type.name),
+                    cb=self._on_ephemeral,
+                )
+                self._subs.append(sub)
+        for owner in self._owners.values():
+            await owner.rebalance()
+        self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
+
+    def _live_worker_ids(self, agent_type: AgentType) -> Any:
+        ns_type = f"{agent_type.namespace}/{agent_type.name}"
+
+        async def live() -> list[str]:
+            return [w.worker_id for w in await self.rt.registry.live_workers(ns_type)]
+
+        return live
+
+    async def _heartbeat(self) -> None:
+        await self.rt.registry.heartbeat(
+            WorkerInfo(
+                worker_id=self.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started_at=self.started_at,
+                heartbeat_at=time.time(),
+                types=[f"{t.namespace}/{t.name}" for t in self.app.types.values()],
+                concurrency=self.config.concurrency,
+            )
+        )
+
+    async def _maintain(self) -> None:
+        """Heartbeats, lease renewal/rebalancing and passivation, on one timer."""
+        period = min(self.config.heartbeat_s, self.config.lease_ttl_s / 3)
+        while not self._stopping:
+            await asyncio.sleep(period)
+            try:
+                await self._heartbeat()
+                for owner in self._owners.values():
+                    await owner.rebalance()
+                await self._passivate()
+            except Exception:  # keep maintaining through transient NATS errors
+                log.exception("worker maintenance round failed")
+
+    async def _passivate(self) -> None:
+        busy = self._mailboxes.busy_keys
+        victims = self._activations.idle(self.config.idle_passivate_s, busy)
+        excess = len(self._activations) - self.config.max_activations
+        if excess > 0:
+            victims += self._activations.oldest(excess, busy)
+        for activation in victims:
+            with contextlib.suppress(Exception):
+                await activation.agent.on_passivate()
+            self._activations.drop(activation.agent_id)
+
+    async def stop(self, drain_timeout: float = 30.0) -> None:
+        """Graceful: stop pulling, finish in-flight work, release partitions, deregister."""
+        self._stopping = True
+        for owner in self._owners.values():
+            await owner.stop_pulling()
+        for sub in self._subs:
+            with contextlib.suppress(Exception):
+                await sub.drain()
+        finished = await self._mailboxes.join(drain_timeout)
+        if not finished:
+            # Unfinished messages are not acked: JetStream hands them to the next owner.
+            await self._mailboxes.cancel()
+        for owner in self._owners.values():
+            await owner.release_all()
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        with contextlib.suppress(Exception):
+            await self.rt.registry.remove_worker(self.worker_id)
+
+    # -- intake ---------------------------------------------------------------------------------------
+    async def _dispatch_durable(self, partition: int, msg: Msg) -> None:
+        work = await self._intake(msg, durable=True)
+        if work is None:
+            self._inflight.release()
+            return
+        self._mailboxes.put(work.agent_id, work)
+
+    async def _on_ephemeral(self, msg: Msg) -> None:
+        work = await self._intake(msg, durable=False)
+        if work is not None:
+            self._mailboxes.put(work.agent_id, work)
+
+    async def _intake(self, msg: Msg, *, durable: bool) -> _Work | None:
+        """Decode and route; bad input is dead-lettered (and answered when a reply address is known)."""
+        try:
+            env = decode_envelope(msg.data, msg.headers)
+        except WireError as exc:
+            await self._dead_letter(msg, exc.reason, str(exc), None)
+            return None
+        try:
+            agent_id = AgentId.parse(env.target)
+        except ValueError as exc:
+            await self._dead_letter(msg, "target", str(exc), env)
+            return None
+        agent_type = self.app.get(agent_id.type)
+        if agent_type is None or agent_type.namespace != agent_id.namespace:
+            from plexus.core import AgentNotFoundError
+
+            await self._dead_letter(msg, "unregistered", f"no agent type {agent_id.type!r} here", env)
+            await self._reply(
+                env, msg, Reply(id=env.id, ok=False, error=AgentNotFoundError(agent_id).to_wire())
+            )
+            return None
+        return _Work(msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable)
+
+    async def _dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
+        subject_type = (
+            env.target.split("/")[-2] if env is not None and env.target.count("/") >= 1 else "_invalid"
+        )
+        headers = {
+            "Plexus-Dlq-Reason": reason,
+            "Plexus-Dlq-Detail": detail[:1000],
+            "Plexus-Dlq-Subject": msg.subject,
+            "Plexus-Dlq-Worker": self.worker_id,
+        }
+        try:
+            subjects = self.rt.subjects_for(self.app.namespace)
+            await self.rt.js.publish(subjects.dlq(subject_type), msg.data, headers=headers)
+        except Exception:
+            log.exception("dead-lettering failed; leaving the message for redelivery")
+            return
+        log.warning("dead-lettered %s: %s (%s)", msg.subject, reason, detail)
+        if env is not None and reason != "unregistered":
+            error = KernelError(f"message rejected ({reason}): {detail}")
+            await self._reply(env, msg, Reply(id=env.id, ok=False, error=error.to_wire()))
+        if msg.reply and msg.reply.startswith("$JS.ACK"):
+            await msg.ack()
+
+    # -- handling -------------------------------------------------------------------------------------
+    async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
+        try:
+            await self._handle(work)
+        except (ConcurrentAppendError, CheckpointConflictError) as exc:
+            # Another activation of this agent committed first: we are a zombie. Drop our copy and leave
+            # the message unacked; the partition's owner handles it.
+            log.warning("fenced %s: %s", agent_id, exc)
+            self._activations.drop(agent_id)
+        except Exception:
+            log.exception("commit of %s failed; message left for redelivery", work.env.id)
+            self._activations.drop(agent_id)
+        finally:
+            if work.durable:
+                self._inflight.release()
+
+    async def _handle(self, work: _Work) -> None:
+        env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
+        activation = await self._activations.activate(agent_id, agent_type)
+        seen, stored_reply = activation.reply_for(env.id)
+        if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
+            if stored_reply is not None and work.reply_to:
+                await self._publish_reply(work.reply_to, stored_reply)
+            await self._ack(work)
+            return
+        ctx = Context(
+            agent_id=agent_id,
+            message_id=env.id,
+            sender=AgentId.parse(env.sender) if env.sender else None,
+            topic=None,
+            run=env.run,
+            is_rpc=work.reply_to is not None,
+            attempt=env.attempt,
+            _backend=self._backend,
+        )
+        self._backend.bind(ctx, activation)
+        try:
+            reply = await self._execute(activation, work, ctx)
+        finally:
+            self._backend.unbind(ctx)
+        encoded = encode_reply(reply) if work.reply_to else None
+        if work.durable:
+            await self._commit(activation, work, ctx, reply, encoded)
+        if encoded is not None and work.reply_to:
+            await self._publish_reply(work.reply_to, encoded)
+        await self._ack(work)
+
+    async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
+        env = work.env
+        try:
+            blocks = await self.rt.artifacts.resolve(blocks_from_payload(env.payload))
+            result = await self._handle_chain(
+                HandleInput(
+                    agent=activation.agent,
+                    agent_type=work.agent_type,
+                    blocks=blocks,
+                    ctx=ctx,
+                    envelope=env,
+                    delivery=_JsDelivery(work.msg, self.config.ack_wait_s) if work.durable else None,
+                    headers=dict(work.msg.headers or {}),
+                )
+            )
+            payload = payload_from_blocks(await self.rt.artifacts.offload(result or []))
+            return Reply(id=env.id, ok=True, payload=payload, handled_by=self.worker_id)
+        except KernelError as exc:
+            return Reply(id=env.id, ok=False, error=exc.to_wire(), handled_by=self.worker_id)
+        except Exception as exc:
+            error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))
+            return Reply(id=env.id, ok=False, error=error.to_wire(), handled_by=self.worker_id)
+
+    async def _invoke(self, inp: HandleInput) -> list[BaseBlock] | None:
+        return await inp.agent.on_message(inp.blocks, inp.ctx)
+
+    async def _commit(
+        self, activation: Activation, work: _Work, ctx: Context, reply: Reply, encoded: bytes | None
+    ) -> None:
+        """EventLog, then checkpoint (CAS), so the ack below only follows durable effects."""
+        env = work.env
+        run_id = env.run.run_id if env.run else env.id
+        entries: list[Any] = [
+            RunMessageReceived(
+                run_id=run_id, agent_id=str(work.agent_id), message_id=env.id, sender=env.sender
+            ),
+            *ctx.pending_entries,
+        ]
+        if reply.ok and reply.payload is not None:
+            text = _reply_text(reply)
+            if text is not None:
+                entries.append(ReplyMessage(text=text))
+        async with activation.log_lock:
+            activation.log_seq = await self._backend.event_log_for(work.agent_id).append(
+                entries, expected_seq=activation.log_seq
+            )
+        activation.remember(env.id, encoded)
+        await self._activations.save(activation)
+
+    async def _ack(self, work: _Work) -> None:
+        if work.durable:
+            await work.msg.ack()
+
+    async def _reply(self, env: Envelope, msg: Msg, reply: Reply) -> None:
+        target = env.reply_to or (None if (msg.reply or "").startswith("$JS.") else msg.reply)
+        if target:
+            await self._publish_reply(target, encode_reply(reply))
+
+    async def _publish_reply(self, target: str, data: bytes) -> None:
+        with contextlib.suppress(Exception):  # a caller that went away is not our failure
+            await self.rt.nc.publish(target, data)
+
+
+def _log_lost(agent_type: str) -> Callable[[int], None]:
+    def lost(partition: int) -> None:
+        log.warning("partition %s/%d lost; in-flight work there is fenced", agent_type, partition)
+
+    return lost
+
+
+def _reply_text(reply: Reply) -> str | None:
+    assert reply.payload is not None
+    texts = [
+        b.get("text")
+        for b in msgspec.json.decode(reply.payload)
+        if isinstance(b, dict) and b.get("type") == "text"
+    ]
+    joined = "\n".join(t for t in texts if isinstance(t, str))
+    return joined or None

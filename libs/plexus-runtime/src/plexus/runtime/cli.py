@@ -1,0 +1,230 @@
+"""The `plexus` command line: `plexus worker`, `plexus dev`, `plexus types`.
+
+Services add subcommands through the ``plexus.commands`` entry-point group (a callable taking the
+argparse subparsers object), so this module never imports a service.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import importlib
+import logging
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+from collections.abc import Awaitable, Callable, Sequence
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from ._agent import App
+from ._client import Runtime
+from ._server import NatsServer
+from ._worker import Worker, WorkerConfig
+
+__all__ = ["CliError", "load_object", "main"]
+
+log = logging.getLogger("plexus.cli")
+
+
+class CliError(Exception):
+    """Bad command-line input; printed as one line and exit status 2."""
+
+
+def load_object(spec: str) -> Any:
+    """Resolve ``module:attribute`` (e.g. ``examples.pipeline:app``) with an error that says what is wrong."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise CliError(f"expected 'module:attribute', got {spec!r}")
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise CliError(f"cannot import module {module_name!r}: {exc}") from exc
+    try:
+        obj = module
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except AttributeError:
+        raise CliError(f"module {module_name!r} has no attribute {attr!r}") from None
+    return obj
+
+
+def _positive(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
+
+
+def _nats_url(value: str) -> str:
+    if not value.startswith(("nats://", "tls://", "ws://", "wss://")):
+        raise argparse.ArgumentTypeError(f"expected a nats:// URL, got {value!r}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="plexus", description="Plexus: a distributed actor kernel for AI agents."
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    worker = sub.add_parser("worker", help="serve an App's agent types")
+    worker.add_argument("app", help="module:attribute of a plexus.runtime.App")
+    worker.add_argument(
+        "--concurrency", type=_positive, default=64, help="handlers running at once (default 64)"
+    )
+    worker.add_argument(
+        "--nats", type=_nats_url, default=os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")
+    )
+    worker.add_argument("--ack-wait", type=float, default=30.0, help="seconds before JetStream redelivers")
+    worker.add_argument("--lease-ttl", type=float, default=10.0, help="partition lease TTL in seconds")
+    worker.add_argument("--worker-id", default=None)
+
+    dev = sub.add_parser("dev", help="embedded nats-server + worker(s); optional script; Ctrl-C stops all")
+    dev.add_argument("app", help="module:attribute of a plexus.runtime.App")
+    dev.add_argument(
+        "--run", default=None, help="module:attribute of `async def main(rt: Runtime)` to run, then exit"
+    )
+    dev.add_argument("--workers", type=_positive, default=1)
+    dev.add_argument("--concurrency", type=_positive, default=64)
+
+    types = sub.add_parser("types", help="list agent types, capabilities and live workers")
+    types.add_argument(
+        "--nats", type=_nats_url, default=os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")
+    )
+
+    for ep in entry_points(group="plexus.commands"):
+        with contextlib.suppress(Exception):  # a broken plugin must not break the core commands
+            ep.load()(sub)
+    return parser
+
+
+async def _serve(app: App, args: argparse.Namespace) -> None:
+    rt = await Runtime.connect(args.nats, namespace=app.namespace, lease_ttl_s=args.lease_ttl)
+    worker = Worker(
+        app,
+        rt,
+        WorkerConfig(
+            concurrency=args.concurrency,
+            ack_wait_s=args.ack_wait,
+            lease_ttl_s=args.lease_ttl,
+            worker_id=args.worker_id,
+        ),
+    )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await worker.start()
+    print(f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {args.nats}", flush=True)
+    await stop.wait()
+    print("plexus worker: stopping (finishing in-flight work)", flush=True)
+    await worker.stop()
+    await rt.close()
+
+
+async def _types(args: argparse.Namespace) -> None:
+    rt = await Runtime.connect(args.nats)
+    try:
+        for info in await rt.agent_types():
+            workers = await rt.workers(info.type, info.namespace)
+            caps = ", ".join(info.capabilities) or "-"
+            mode = "durable" if info.durable else "ephemeral"
+            print(f"{info.namespace}/{info.type}\t{mode}\tcapabilities: {caps}\tworkers: {len(workers)}")
+    finally:
+        await rt.close()
+
+
+def _worker_process(app_spec: str, url: str, concurrency: int) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "plexus.runtime.cli",
+        "worker",
+        app_spec,
+        "--nats",
+        url,
+        "--concurrency",
+        str(concurrency),
+    ]
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
+
+
+async def _dev(args: argparse.Namespace) -> None:
+    app = load_object(args.app)
+    if not isinstance(app, App):
+        raise CliError(f"{args.app} is a {type(app).__name__}, not a plexus.runtime.App")
+    script: Callable[[Runtime], Awaitable[Any]] | None = load_object(args.run) if args.run else None
+    store = Path(tempfile.mkdtemp(prefix="plexus-dev-"))
+    server = NatsServer(store_dir=store)
+    await asyncio.to_thread(server.start)
+    print(f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True)
+    workers = [_worker_process(args.app, server.url, args.concurrency) for _ in range(args.workers)]
+    print(f"plexus dev: {len(workers)} worker(s), pids {', '.join(str(w.pid) for w in workers)}", flush=True)
+    try:
+        if script is not None:
+            rt = await Runtime.connect(server.url, namespace=app.namespace)
+            try:
+                await script(rt)
+            finally:
+                await rt.close()
+        else:
+            stop = asyncio.Event()
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stop.set)
+            print("plexus dev: running; Ctrl-C stops everything", flush=True)
+            await stop.wait()
+    finally:
+        for proc in workers:
+            proc.send_signal(signal.SIGTERM)
+        for proc in workers:
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        await asyncio.to_thread(server.cleanup)
+        print("plexus dev: stopped", flush=True)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
+    )
+    try:
+        if args.command == "worker":
+            app = load_object(args.app)
+            if not isinstance(app, App):
+                raise CliError(f"{args.app} is a {type(app).__name__}, not a plexus.runtime.App")
+            asyncio.run(_serve(app, args))
+        elif args.command == "dev":
+            asyncio.run(_dev(args))
+        elif args.command == "types":
+            asyncio.run(_types(args))
+        else:
+            handler = getattr(args, "handler", None)
+            if handler is None:
+                parser.error(f"unknown command {args.command!r}")
+            return int(handler(args) or 0)
+    except CliError as exc:
+        print(f"plexus: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,262 @@
+"""ensure_topology against a real nats-server: what it creates, idempotence, races, reconciliation."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from asyncio.subprocess import PIPE
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.api import RetentionPolicy
+
+from plexus.runtime._server import NatsServer
+from plexus.runtime._topology import (
+    DLQ_MAX_AGE_S,
+    TopologyConflictError,
+    TopologyNames,
+    ensure_topology,
+    inbox_transform,
+    partition_for,
+)
+
+
+@pytest.fixture
+async def nc(nats_server: NatsServer) -> AsyncIterator[NATS]:
+    conn = await nats.connect(nats_server.url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+@pytest.fixture
+def js(nc: NATS) -> JetStreamContext:
+    return nc.jetstream()
+
+
+async def test_creates_the_streams_and_buckets_of_the_architecture(js: JetStreamContext) -> None:
+    topo = await ensure_topology(js)
+    names = TopologyNames()
+    assert topo.prefix == "px"
+    assert topo.partitions == 16
+
+    inbox = (await js.stream_info("PLEXUS_INBOX")).config
+    assert inbox.subjects == ["px.*.in.*.*"]
+    assert inbox.retention == RetentionPolicy.WORK_QUEUE
+    assert inbox.duplicate_window == 120
+    assert inbox.subject_transform is not None
+    assert (
+        inbox.subject_transform.dest
+        == "px.{{wildcard(1)}}.inp.{{wildcard(2)}}.{{partition(16,3)}}.{{wildcard(3)}}"
+    )
+
+    events = (await js.stream_info("PLEXUS_EVENTS")).config
+    assert events.subjects == ["px.*.evlog.>"]
+    assert events.retention == RetentionPolicy.LIMITS
+    assert not events.max_age
+
+    progress = (await js.stream_info("PLEXUS_PROGRESS")).config
+    assert progress.subjects == ["px.*.progress.>"]
+    assert progress.max_age == 3600
+
+    dlq = (await js.stream_info("PLEXUS_DLQ")).config
+    assert dlq.subjects == ["px.*.dlq.>"]
+    assert dlq.max_age == DLQ_MAX_AGE_S == 7 * 24 * 3600
+
+    for bucket in (names.checkpoints_bucket, names.registry_bucket, names.subscriptions_bucket):
+        status = await (await js.key_value(bucket)).status()
+        assert status.history == 1
+        assert not status.ttl
+    assert (await topo.workers.status()).ttl == 10
+    assert (await topo.leases.status()).ttl == 10
+    assert (await topo.leases.status()).history == 1
+
+    await topo.artifacts.put("hello", b"world")
+    assert (await (await js.object_store("plexus_artifacts")).get("hello")).data == b"world"
+    assert set(topo.streams) == {"PLEXUS_INBOX", "PLEXUS_EVENTS", "PLEXUS_PROGRESS", "PLEXUS_DLQ"}
+
+
+async def test_the_inbox_transform_adds_the_servers_partition(js: JetStreamContext) -> None:
+    await ensure_topology(js)
+    ack = await js.publish("px.default.in.echo.abc", b"hi")
+    stored = await js.get_msg("PLEXUS_INBOX", ack.seq)
+    assert stored.subject == f"px.default.inp.echo.{partition_for('abc', 16)}.abc"
+    assert stored.subject == "px.default.inp.echo.11.abc"
+
+
+async def test_partition_for_matches_the_server_for_many_keys(js: JetStreamContext) -> None:
+    await ensure_topology(js, partitions=7)
+    keys = [f"k{i}" for i in range(150)] + ["_", "a_2Eb", "-", "Z" * 40]
+    acks = await asyncio.gather(*(js.publish(f"px.ns.in.t.{k}", b"") for k in keys))
+    for key, ack in zip(keys, acks, strict=True):
+        stored = await js.get_msg("PLEXUS_INBOX", ack.seq)
+        assert stored.subject == f"px.ns.inp.t.{partition_for(key, 7)}.{key}"
+    assert len({partition_for(k, 7) for k in keys}) == 7  # the spread reaches every partition
+
+
+def test_partition_for_rejects_zero_partitions() -> None:
+    with pytest.raises(ValueError, match="partitions"):
+        partition_for("a", 0)
+
+
+async def test_the_inbox_drops_duplicates_inside_the_window(js: JetStreamContext) -> None:
+    await ensure_topology(js)
+    first = await js.publish("px.default.in.echo.a", b"1", headers={"Nats-Msg-Id": "m1"})
+    again = await js.publish("px.default.in.echo.a", b"1", headers={"Nats-Msg-Id": "m1"})
+    assert again.duplicate is True
+    assert again.seq == first.seq
+
+
+async def test_idempotent_and_concurrent_calls_from_many_connections(nats_server: NatsServer) -> None:
+    conns = [await nats.connect(nats_server.url) for _ in range(6)]
+    try:
+        topos = await asyncio.gather(*(ensure_topology(c.jetstream()) for c in conns))
+        again = await ensure_topology(conns[0].jetstream())
+        assert all(t.partitions == 16 for t in [*topos, again])
+        infos = await conns[0].jetstream().streams_info()
+        # Exactly one of each: 4 streams, 5 KV buckets, 1 object store.
+        assert len(infos) == 10
+        # Every handle works on the shared buckets.
+        await topos[0].registry.put("echo", b"x")
+        assert (await topos[5].registry.get("echo")).value == b"x"
+    finally:
+        for c in conns:
+            await c.close()
+
+
+async def test_concurrent_calls_with_different_compatible_settings(nats_server: NatsServer) -> None:
+    conns = [await nats.connect(nats_server.url) for _ in range(4)]
+    try:
+        ttls = [5.0, 10.0, 15.0, 20.0]
+        topos = await asyncio.gather(
+            *(ensure_topology(c.jetstream(), workers_ttl_s=t) for c, t in zip(conns, ttls, strict=True))
+        )
+        # Last writer wins, but every call succeeded and the bucket has one of the requested TTLs.
+        assert (await topos[0].workers.status()).ttl in ttls
+    finally:
+        for c in conns:
+            await c.close()
+
+
+_CHILD = """
+import asyncio, sys, nats
+from plexus.runtime._topology import ensure_topology
+
+async def main() -> None:
+    nc = await nats.connect(sys.argv[1])
+    topo = await ensure_topology(nc.jetstream())
+    print(topo.partitions)
+    await nc.close()
+
+asyncio.run(main())
+"""
+
+
+async def test_concurrent_calls_from_several_processes(nats_server: NatsServer) -> None:
+    procs = [
+        await asyncio.create_subprocess_exec(
+            sys.executable, "-c", _CHILD, nats_server.url, stdout=PIPE, stderr=PIPE
+        )
+        for _ in range(3)
+    ]
+    results = await asyncio.wait_for(asyncio.gather(*(p.communicate() for p in procs)), 60)
+    for proc, (out, err) in zip(procs, results, strict=True):
+        assert proc.returncode == 0, err.decode()
+        assert out.strip() == b"16"
+
+
+async def test_compatible_changes_are_applied(js: JetStreamContext) -> None:
+    await ensure_topology(js)
+    topo = await ensure_topology(
+        js, progress_max_age_s=7200, workers_ttl_s=5, leases_ttl_s=3, dedupe_window_s=60
+    )
+    assert (await js.stream_info("PLEXUS_PROGRESS")).config.max_age == 7200
+    assert (await js.stream_info("PLEXUS_INBOX")).config.duplicate_window == 60
+    assert (await topo.workers.status()).ttl == 5
+    assert (await topo.leases.status()).ttl == 3
+    # Growing the TTL back past the old duplicate window works too (the window follows the TTL).
+    topo = await ensure_topology(js, workers_ttl_s=300)
+    assert (await topo.workers.status()).ttl == 300
+
+
+async def test_changing_the_partition_count_needs_consent(js: JetStreamContext) -> None:
+    await ensure_topology(js, partitions=16)
+    with pytest.raises(TopologyConflictError) as info:
+        await ensure_topology(js, partitions=8)
+    err = info.value
+    assert err.name == "PLEXUS_INBOX"
+    assert err.setting == "subject_transform"
+    assert "partition(16,3)" in err.current
+    assert "partition(8,3)" in err.desired
+    # Nothing changed.
+    ack = await js.publish("px.default.in.echo.abc", b"")
+    assert (await js.get_msg("PLEXUS_INBOX", ack.seq)).subject == "px.default.inp.echo.11.abc"
+
+    await ensure_topology(js, partitions=8, allow_repartition=True)
+    ack = await js.publish("px.default.in.echo.abc", b"")
+    assert (await js.get_msg("PLEXUS_INBOX", ack.seq)).subject == f"px.default.inp.echo.{11 % 8}.abc"
+
+
+async def test_another_prefix_cannot_take_over_the_streams(js: JetStreamContext) -> None:
+    await ensure_topology(js, prefix="px")
+    with pytest.raises(TopologyConflictError) as info:
+        await ensure_topology(js, prefix="acme")
+    assert info.value.setting == "subjects"
+    assert info.value.name == "PLEXUS_INBOX"
+    # With their own names, two prefixes coexist on one server.
+    names = TopologyNames(
+        inbox_stream="ACME_INBOX",
+        events_stream="ACME_EVENTS",
+        progress_stream="ACME_PROGRESS",
+        dlq_stream="ACME_DLQ",
+        checkpoints_bucket="acme_checkpoints",
+    )
+    topo = await ensure_topology(js, prefix="acme", names=names)
+    assert topo.names.inbox_stream == "ACME_INBOX"
+    ack = await js.publish("acme.default.in.echo.abc", b"")
+    assert ack.stream == "ACME_INBOX"
+
+
+async def test_changing_retention_is_refused(js: JetStreamContext) -> None:
+    await js.add_stream(name="PLEXUS_INBOX", subjects=["px.*.in.*.*"])  # limits retention
+    with pytest.raises(TopologyConflictError) as info:
+        await ensure_topology(js)
+    assert info.value.setting == "retention"
+    assert info.value.desired == "workqueue"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"prefix": "px.x"}, "prefix"),
+        ({"prefix": ""}, "prefix"),
+        ({"partitions": 0}, "partitions"),
+        ({"replicas": 0}, "replicas"),
+        ({"workers_ttl_s": 0}, "workers_ttl_s"),
+        ({"leases_ttl_s": -1}, "leases_ttl_s"),
+        ({"progress_max_age_s": 0}, "progress_max_age_s"),
+        ({"dedupe_window_s": 0}, "dedupe_window_s"),
+    ],
+)
+async def test_bad_arguments_are_value_errors(
+    js: JetStreamContext, kwargs: dict[str, object], match: str
+) -> None:
+    with pytest.raises(ValueError, match=match):
+        await ensure_topology(js, **kwargs)  # type: ignore[arg-type]
+
+
+def test_inbox_transform_shape() -> None:
+    t = inbox_transform("q", 4)
+    assert t.src == "q.*.in.*.*"
+    assert t.dest == "q.{{wildcard(1)}}.inp.{{wildcard(2)}}.{{partition(4,3)}}.{{wildcard(3)}}"
+
+
+def test_conflict_error_round_trips_the_wire() -> None:
+    from plexus.core._errors import KernelError
+
+    err = TopologyConflictError("S", "subjects", "['a']", "['b']")
+    assert KernelError.from_wire(err.to_wire()) == err
