@@ -17,12 +17,13 @@ from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
 REPO = Path(__file__).resolve().parents[2]
 
 #: Short TTLs keep failover tests fast; production defaults are 10 s.
-FAST = {"heartbeat_ttl_s": 3.0, "lease_ttl_s": 3.0}
+HEARTBEAT_TTL_S = 3.0
+LEASE_TTL_S = 3.0
 
 
 @pytest.fixture
 async def runtime(nats_server: NatsServer) -> AsyncIterator[Runtime]:
-    rt = await Runtime.connect(nats_server.url, **FAST)
+    rt = await Runtime.connect(nats_server.url, heartbeat_ttl_s=HEARTBEAT_TTL_S, lease_ttl_s=LEASE_TTL_S)
     try:
         yield rt
     finally:
@@ -38,7 +39,9 @@ async def start_worker(nats_server: NatsServer) -> AsyncIterator[StartWorker]:
     started: list[tuple[Worker, Runtime]] = []
 
     async def start(app: App, **config: object) -> Worker:
-        rt = await Runtime.connect(nats_server.url, namespace=app.namespace, **FAST)
+        rt = await Runtime.connect(
+            nats_server.url, namespace=app.namespace, heartbeat_ttl_s=HEARTBEAT_TTL_S, lease_ttl_s=LEASE_TTL_S
+        )
         options: dict[str, object] = {"lease_ttl_s": 3.0, "heartbeat_s": 0.5, "ack_wait_s": 5.0}
         options.update(config)
         worker = Worker(app, rt, WorkerConfig(**options))  # type: ignore[arg-type]
