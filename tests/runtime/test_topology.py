@@ -14,14 +14,19 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy
 
 from plexus.runtime._server import NatsServer
+from plexus.runtime._subjects import inbox_partition, unescape_token
 from plexus.runtime._topology import (
     DLQ_MAX_AGE_S,
     TopologyConflictError,
     TopologyNames,
     ensure_topology,
     inbox_transform,
-    partition_for,
 )
+
+
+def partition_for(key_token: str, partitions: int) -> int:
+    """The partition of an already-escaped key token (what the server hashes)."""
+    return inbox_partition(unescape_token(key_token), partitions)
 
 
 @pytest.fixture
@@ -99,7 +104,7 @@ async def test_partition_for_matches_the_server_for_many_keys(js: JetStreamConte
 
 
 def test_partition_for_rejects_zero_partitions() -> None:
-    with pytest.raises(ValueError, match="partitions"):
+    with pytest.raises(ValueError, match="partition count"):
         partition_for("a", 0)
 
 

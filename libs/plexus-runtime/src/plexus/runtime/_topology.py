@@ -10,7 +10,7 @@ other partitions while their messages are in flight) — raise `TopologyConflict
 
 Partitioning is done by the server: ``PLEXUS_INBOX`` rewrites ``<prefix>.<ns>.in.<type>.<key>`` to
 ``<prefix>.<ns>.inp.<type>.<partition>.<key>`` with ``{{partition(P,3)}}``, which is FNV-1a (32 bit) of the
-key token modulo P; `partition_for` computes the same number client-side.
+key token modulo P; `_subjects.inbox_partition` computes the same number client-side.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ from nats.js.object_store import ObjectStore
 
 from plexus.core._errors import KernelError
 
+from ._subjects import inbox_transform as _subject_transform
+
 __all__ = [
     "DLQ_MAX_AGE_S",
     "Topology",
@@ -42,14 +44,11 @@ __all__ = [
     "TopologyNames",
     "ensure_topology",
     "inbox_transform",
-    "partition_for",
 ]
 
 DLQ_MAX_AGE_S = 7 * 24 * 3600.0
 _STREAM_NAME_IN_USE = 10058
 _TOKEN_RE = re.compile(r"[A-Za-z0-9_-]+")
-_FNV_OFFSET = 0x811C9DC5
-_FNV_PRIME = 0x01000193
 
 
 class TopologyConflictError(KernelError):
@@ -97,23 +96,10 @@ class Topology:
     streams: dict[str, StreamInfo] = field(default_factory=dict)
 
 
-def partition_for(key_token: str, partitions: int) -> int:
-    """The partition the server's ``{{partition(P,…)}}`` transform assigns to a (escaped) key token."""
-    if partitions < 1:
-        raise ValueError(f"partitions must be >= 1, got {partitions}")
-    h = _FNV_OFFSET
-    for byte in key_token.encode():
-        h = ((h ^ byte) * _FNV_PRIME) & 0xFFFFFFFF
-    return h % partitions
-
-
 def inbox_transform(prefix: str, partitions: int) -> SubjectTransform:
-    """The inbox transform: ``<p>.<ns>.in.<type>.<key>`` → ``<p>.<ns>.inp.<type>.<partition>.<key>``."""
-    return SubjectTransform(
-        src=f"{prefix}.*.in.*.*",
-        dest=f"{prefix}.{{{{wildcard(1)}}}}.inp.{{{{wildcard(2)}}}}.{{{{partition({partitions},3)}}}}"
-        ".{{wildcard(3)}}",
-    )
+    """The inbox transform as nats-py config (the strings are defined once, in `_subjects`)."""
+    src, dest = _subject_transform(partitions, prefix)
+    return SubjectTransform(src=src, dest=dest)
 
 
 async def ensure_topology(
