@@ -35,7 +35,7 @@ lint: $(STAMP)
 	$(UV) run --no-sync ruff format --check .
 
 typecheck: $(STAMP)
-	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus tests
+	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus tests examples
 
 imports: $(STAMP)
 	$(UV) run --no-sync lint-imports
