@@ -1,0 +1,224 @@
+"""Turn per-repeat metrics into the table, the target verdicts, `latest.json` and the docs section.
+
+Every ratio is computed from medians measured in the same run (never against stored numbers).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.common import summarise
+
+DOCS_START = "<!-- bench:latest:start -->"
+DOCS_END = "<!-- bench:latest:end -->"
+
+Summary = dict[str, dict[str, Any]]
+
+
+@dataclass(frozen=True)
+class Row:
+    label: str
+    unit: str
+    raw: str | None
+    plexus: str | None
+    autogen: str | None
+    #: Ratios are shown only for throughput rows (higher is better); latency and memory rows show values.
+    ratios: bool = True
+
+
+ROWS = (
+    Row("request/reply, 1 in flight", "msg/s", "raw.rr.1", "plexus.eph.1", "autogen.rr.1"),
+    Row("request/reply, 10 in flight", "msg/s", "raw.rr.10", "plexus.eph.10", "autogen.rr.10"),
+    Row("request/reply, 100 in flight", "msg/s", "raw.rr.100", "plexus.eph.100", "autogen.rr.100"),
+    Row(
+        "request/reply p50, 1 in flight", "ms", "raw.rr.1.p50", "plexus.eph.1.p50", "autogen.rr.1.p50", False
+    ),
+    Row("durable send, 1 in flight", "msg/s", "raw.js.1", "plexus.dur.1", "autogen.rr.1"),
+    Row("durable send, 100 in flight", "msg/s", "raw.js.100", "plexus.dur.100", "autogen.rr.100"),
+    Row("durable p50, 1 in flight", "ms", "raw.js.1.p50", "plexus.dur.1.p50", None, False),
+    Row("publish fan-out to 10 subscribers", "pub/s", "raw.fanout", "plexus.fanout", None),
+    Row("durable, 10 keys, 100 in flight", "msg/s", None, "plexus.keys.10", None, False),
+    Row("durable, distinct keys, 100 in flight", "msg/s", None, "plexus.keys.many", None, False),
+    Row("distinct keys / 10 keys throughput", "×", None, "plexus.keys.ratio", None, False),
+    Row("RSS per idle activation", "B", None, "plexus.mem.per_activation", None, False),
+    Row("RSS at peak (all activations live)", "MB", None, "plexus.mem.peak", None, False),
+    Row("RSS after passivating all", "MB", None, "plexus.mem.after_passivation", None, False),
+    Row("budget consume p50 — local (orchestrator pending)", "µs", None, "plexus.consume.p50", None, False),
+    Row("budget consume p99 — local (orchestrator pending)", "µs", None, "plexus.consume.p99", None, False),
+    Row("progress worker → subscriber p50", "ms", None, "plexus.progress.p50", None, False),
+    Row("progress worker → subscriber p99", "ms", None, "plexus.progress.p99", None, False),
+)
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    value: Callable[[Summary], float | None]
+    threshold: float
+    at_most: bool = False
+
+    def evaluate(self, summary: Summary) -> dict[str, Any]:
+        value = self.value(summary)
+        if value is None or math.isnan(value):
+            return {"target": self.text, "value": None, "holds": None}
+        holds = value <= self.threshold if self.at_most else value >= self.threshold
+        return {"target": self.text, "value": value, "holds": holds}
+
+
+def median(summary: Summary, name: str) -> float | None:
+    entry = summary.get(name)
+    return None if entry is None else float(entry["median"])
+
+
+def ratio(summary: Summary, top: str, bottom: str) -> float | None:
+    a, b = median(summary, top), median(summary, bottom)
+    return None if a is None or b is None or b == 0 else a / b
+
+
+def _ratio(top: str, bottom: str) -> Callable[[Summary], float | None]:
+    return lambda s: ratio(s, top, bottom)
+
+
+def _median(name: str) -> Callable[[Summary], float | None]:
+    return lambda s: median(s, name)
+
+
+TARGETS = (
+    *(
+        Target(
+            f"ephemeral ≥ 0.8× raw request/reply ({n} in flight)",
+            _ratio(f"plexus.eph.{n}", f"raw.rr.{n}"),
+            0.8,
+        )
+        for n in (1, 10, 100)
+    ),
+    *(
+        Target(
+            f"durable ≥ 0.6× raw JetStream round trip ({n} in flight)",
+            _ratio(f"plexus.dur.{n}", f"raw.js.{n}"),
+            0.6,
+        )
+        for n in (1, 100)
+    ),
+    *(
+        Target(f"ephemeral ≥ 5× AutoGen ({n} in flight)", _ratio(f"plexus.eph.{n}", f"autogen.rr.{n}"), 5.0)
+        for n in (1, 10, 100)
+    ),
+    Target("fan-out ≥ 0.8× raw", _ratio("plexus.fanout", "raw.fanout"), 0.8),
+    Target("distinct keys ≥ 0.9× the 10-key throughput", _median("plexus.keys.ratio"), 0.9),
+    Target("≤ 4 KB (4096 B) per idle activation", _median("plexus.mem.per_activation"), 4096.0, at_most=True),
+)
+
+
+def summary_of(metrics: dict[str, dict[str, Any]]) -> Summary:
+    return {
+        name: {"unit": entry["unit"], "values": entry["values"], **summarise(entry["values"])}
+        for name, entry in metrics.items()
+        if entry["values"]
+    }
+
+
+def _num(x: float) -> str:
+    if x >= 1000:
+        return f"{x:,.0f}"
+    if x >= 100:
+        return f"{x:.0f}"
+    if x >= 10:
+        return f"{x:.1f}"
+    return f"{x:.2f}"
+
+
+def cell(summary: Summary, name: str | None, missing: str) -> str:
+    if name is None:
+        return ""
+    entry = summary.get(name)
+    if entry is None:
+        return missing
+    return f"{_num(entry['median'])} [{_num(entry['min'])}–{_num(entry['max'])}]"
+
+
+def _ratio_cell(summary: Summary, top: str | None, bottom: str | None) -> str:
+    if top is None or bottom is None:
+        return ""
+    value = ratio(summary, top, bottom)
+    return "" if value is None else f"{value:.2f}×"
+
+
+def table_rows(
+    summary: Summary, missing: dict[str, str], distinct_keys: int | None = None
+) -> list[list[str]]:
+    rows = []
+    for row in ROWS:
+        label = row.label
+        if distinct_keys is not None:
+            label = label.replace("distinct keys", f"{distinct_keys:,} distinct keys")
+        system_missing = {k: missing.get(k, "n/a") for k in ("raw", "plexus", "autogen")}
+        rows.append(
+            [
+                f"{label} ({row.unit})",
+                cell(summary, row.raw, system_missing["raw"]),
+                cell(summary, row.plexus, system_missing["plexus"]),
+                cell(summary, row.autogen, system_missing["autogen"]),
+                _ratio_cell(summary, row.plexus, row.raw) if row.ratios else "",
+                _ratio_cell(summary, row.plexus, row.autogen) if row.ratios else "",
+            ]
+        )
+    return rows
+
+
+HEADER = [
+    "scenario (median [min–max])",
+    "raw nats-py",
+    "Plexus",
+    "AutoGen gRPC",
+    "Plexus/raw",
+    "Plexus/AutoGen",
+]
+
+
+def render_text(rows: list[list[str]], verdicts: list[dict[str, Any]]) -> str:
+    widths = [max(len(r[i]) for r in [HEADER, *rows]) for i in range(len(HEADER))]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(HEADER, widths, strict=True))]
+    lines.append("  ".join("-" * w for w in widths))
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows]
+    lines.append("")
+    lines.append("targets (reported, never asserted):")
+    lines += [f"  {_verdict(v):<6} {v['target']}: {_value(v)}" for v in verdicts]
+    return "\n".join(lines)
+
+
+def render_markdown(rows: list[list[str]], verdicts: list[dict[str, Any]], heading: str) -> str:
+    lines = [heading, "", "| " + " | ".join(HEADER) + " |", "|" + "---|" * len(HEADER)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in r) + " |" for r in rows]
+    lines += ["", "| target | measured | holds |", "|---|---|---|"]
+    lines += [f"| {v['target']} | {_value(v)} | {_verdict(v)} |" for v in verdicts]
+    return "\n".join(lines)
+
+
+def _verdict(v: dict[str, Any]) -> str:
+    return {True: "yes", False: "NO", None: "n/a"}[v["holds"]]
+
+
+def _value(v: dict[str, Any]) -> str:
+    value = v["value"]
+    if value is None:
+        return "n/a"
+    return f"{value:,.0f} B" if "KB" in v["target"] else f"{value:.2f}×"
+
+
+def update_docs(path: Path, markdown: str) -> bool:
+    """Replace the section between the markers in docs/benchmarks.md; False when the markers are missing."""
+    if not path.exists():
+        return False
+    text = path.read_text()
+    pattern = re.compile(re.escape(DOCS_START) + r".*?" + re.escape(DOCS_END), re.S)
+    if not pattern.search(text):
+        return False
+    replacement = f"{DOCS_START}\n{markdown}\n{DOCS_END}"
+    path.write_text(pattern.sub(lambda _m: replacement, text))
+    return True
