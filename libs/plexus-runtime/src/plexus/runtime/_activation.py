@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,9 +80,15 @@ class Activation:
 class ActivationTable:
     """Live activations of one worker, created lazily and passivated when idle."""
 
-    def __init__(self, checkpoints: CheckpointStore, key_of: Any) -> None:
+    def __init__(
+        self,
+        checkpoints: CheckpointStore,
+        key_of: Any,
+        last_log_seq: Callable[[AgentId], Awaitable[int]] | None = None,
+    ) -> None:
         self._checkpoints = checkpoints
         self._key_of = key_of
+        self._last_log_seq = last_log_seq
         self._live: dict[AgentId, Activation] = {}
 
     def __len__(self) -> int:
@@ -100,12 +107,19 @@ class ActivationTable:
         doc = CheckpointDoc() if stored is None else _decode(stored.state)
         if doc.state:
             agent.load_state(doc.state)
+        log_seq = doc.log_seq
+        if self._last_log_seq is not None:
+            # A worker that died between its EventLog append and its checkpoint save left the log ahead of
+            # the checkpoint; expecting the checkpoint's sequence would fence every later commit and wedge
+            # the agent for good. The new owner continues from the log's end instead (the unsaved message
+            # is redelivered and logged again: at least once); the checkpoint's CAS still fences zombies.
+            log_seq = max(log_seq, await self._last_log_seq(agent_id))
         activation = Activation(
             agent_id=agent_id,
             agent=agent,
             agent_type=agent_type,
             revision=None if stored is None else stored.revision,
-            log_seq=doc.log_seq,
+            log_seq=log_seq,
             progress_seq=doc.progress_seq,
             handled=OrderedDict(doc.handled),
             saved_state=_encode(dict(agent.save_state())),

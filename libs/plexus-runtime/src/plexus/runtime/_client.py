@@ -36,7 +36,7 @@ from plexus.core import (
     stream_event_from_json,
 )
 
-from ._artifacts import ArtifactStore, check_payload_size
+from ._artifacts import ArtifactStore, check_payload_size, headers_size
 from ._envelope import (
     HDR_MSG_ID,
     Envelope,
@@ -52,7 +52,7 @@ from ._eventlog import EventLog
 from ._interceptors import Interceptor, PublishInput, SendInput, TracingInterceptor, chain
 from ._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
 from ._server import NatsServer
-from ._subjects import Subjects
+from ._subjects import Subjects, checkpoint_key
 from ._subscriptions import Subscription, SubscriptionTable
 from ._supervisor import new_root_run
 from ._topology import Topology, ensure_topology
@@ -236,6 +236,15 @@ class Runtime:
         deadline = time.monotonic() + inp.timeout_s
         info = await self._host_for(inp.recipient, deadline)
         subjects = self.subjects_for(inp.recipient.namespace)
+        # Built before the envelope, whose offloading writes artifacts: a SubjectTooLongError (an odd key)
+        # must leave nothing behind.
+        subject = (
+            subjects.inbox(inp.recipient.type, inp.recipient.key)
+            if info.durable
+            else subjects.ephemeral(inp.recipient.type, inp.recipient.key)
+        )
+        # The worker keeps the agent's checkpoint under a KV key that may be longer than the subject.
+        checkpoint_key(inp.recipient.namespace, inp.recipient.type, inp.recipient.key)
         env = await self._envelope(
             inp.blocks, inp.recipient, "send", inp.sender, inp.run, inp.message_id, inp.timeout_s
         )
@@ -243,10 +252,11 @@ class Runtime:
         remaining = max(deadline - time.monotonic(), 0.001)
         if not info.durable:
             data = encode_envelope(env)
-            check_payload_size(len(data), self.nc.max_payload)
+            # Headers count too: a message over max_payload makes the server close the connection.
+            check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
             try:
                 msg = await self.nc.request(
-                    subjects.ephemeral(inp.recipient.type, inp.recipient.key),
+                    subject,
                     data,
                     timeout=remaining,
                     headers=headers,
@@ -259,12 +269,12 @@ class Runtime:
         reply_to = f"{self._inbox_prefix}.{env.id}"
         env = msgspec.structs.replace(env, reply_to=reply_to)
         data = encode_envelope(env)
-        check_payload_size(len(data), self.nc.max_payload)
+        check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[env.id] = future
         try:
             await self.js.publish(
-                subjects.inbox(inp.recipient.type, inp.recipient.key),
+                subject,
                 data,
                 headers=headers,
                 timeout=remaining,
@@ -350,8 +360,8 @@ class Runtime:
                 inp.blocks, recipient, "publish", inp.sender, inp.run, message_id, None, inp.topic
             )
             data = encode_envelope(env)
-            check_payload_size(len(data), self.nc.max_payload)
             headers = make_headers(env, inp.headers)
+            check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
             subjects = self.subjects_for(recipient.namespace)
             if info is not None and not info.durable:
                 await self.nc.publish(

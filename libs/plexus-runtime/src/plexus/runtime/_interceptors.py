@@ -8,7 +8,6 @@ interceptors here (and budgets/retries come from the orchestrator the same way).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -28,7 +27,6 @@ __all__ = [
     "Delivery",
     "HandleInput",
     "Interceptor",
-    "KeepAliveInterceptor",
     "PublishInput",
     "SendInput",
     "TracingInterceptor",
@@ -111,30 +109,6 @@ def _bind(
         return await method(inp, nxt)
 
     return step
-
-
-class KeepAliveInterceptor(Interceptor):
-    """Keeps a long-running handler's message alive so JetStream never redelivers it while it runs."""
-
-    async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
-        delivery = inp.delivery
-        if delivery is None:
-            return await call_next(inp)
-        interval = max(delivery.ack_wait_s / 3.0, 0.05)
-
-        async def beat() -> None:
-            while True:
-                await asyncio.sleep(interval)
-                with contextlib.suppress(Exception):  # a failed beat is retried next interval
-                    await delivery.in_progress()
-
-        task = asyncio.create_task(beat())
-        try:
-            return await call_next(inp)
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
 
 
 class DeadlineInterceptor(Interceptor):

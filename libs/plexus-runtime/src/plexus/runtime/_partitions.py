@@ -25,7 +25,8 @@ __all__ = ["PartitionOwner"]
 
 log = logging.getLogger("plexus.worker")
 
-Dispatch = Callable[[int, Msg], Awaitable[None]]
+#: ``dispatch(partition, msg, done)``: the worker calls ``done()`` once the message is acked or dropped.
+Dispatch = Callable[[int, Msg, Callable[[], None]], Awaitable[None]]
 
 
 class _Puller:
@@ -37,7 +38,7 @@ class _Puller:
         stream: str,
         durable: str,
         partition: int,
-        dispatch: Dispatch,
+        dispatch: Callable[[int, Msg], Awaitable[None]],
         slots: asyncio.Semaphore,
     ) -> None:
         self.js = js
@@ -73,9 +74,18 @@ class _Puller:
                     msgs = await sub.fetch(free, timeout=1.0)
                 except TimeoutError:
                     msgs = []
+                except asyncio.CancelledError:
+                    # Stopped mid-fetch (partition released or lost): hand the slots back, or the worker
+                    # would keep fewer handler slots after every rebalance and finally stop pulling at all.
+                    for _ in range(free):
+                        self.slots.release()
+                    raise
                 except Exception as exc:  # a deleted consumer (partition lost) or a reconnect
                     log.debug("fetch on %s failed: %s", self.durable, exc)
                     msgs = []
+                    for _ in range(free):  # before the pause, which a stop() may cancel
+                        self.slots.release()
+                    free = 0
                     await asyncio.sleep(0.2)
                 for _ in range(free - len(msgs)):
                     self.slots.release()
@@ -120,6 +130,10 @@ class PartitionOwner:
         self.max_ack_pending = max_ack_pending
         self.on_lost = on_lost
         self.owned: dict[int, tuple[Lease, _Puller]] = {}
+        #: Partitions given up in a rebalance whose fetched work is still running: the lease is kept (and
+        #: renewed) until that work is acked, so the next owner never runs it a second time concurrently.
+        self.handing_over: dict[int, Lease] = {}
+        self.inflight: dict[int, int] = {}
         self.draining = False
 
     def _lease_key(self, p: int) -> str:
@@ -128,8 +142,27 @@ class PartitionOwner:
     def _durable(self, p: int) -> str:
         return consumer_name(self.subjects.namespace, self.agent_type, p)
 
+    async def _on_message(self, p: int, msg: Msg) -> None:
+        self.inflight[p] = self.inflight.get(p, 0) + 1
+        await self.dispatch(p, msg, lambda: self._done(p))
+
+    def _done(self, p: int) -> None:
+        self.inflight[p] -= 1
+
+    async def _finish_handovers(self) -> None:
+        for p, lease in list(self.handing_over.items()):
+            if self.inflight.get(p, 0) > 0:
+                renewed = await self.leases.renew(lease)
+                if renewed is not None:
+                    self.handing_over[p] = renewed
+                    continue
+            del self.handing_over[p]
+            with contextlib.suppress(Exception):
+                await self.leases.release(lease)
+
     async def rebalance(self) -> None:
         """One round: renew what we hold, release surplus, acquire free partitions up to our share."""
+        await self._finish_handovers()
         for p, (lease, puller) in list(self.owned.items()):
             renewed = await self.leases.renew(lease)
             if renewed is None:
@@ -147,7 +180,9 @@ class PartitionOwner:
         held_by_others: dict[int, str] = {}
         for p in range(self.partitions):
             holder = holders.get(self._lease_key(p))
-            if p not in self.owned and holder is not None and holder != self.worker_id:
+            if p in self.handing_over:
+                held_by_others[p] = f"{self.worker_id} (handing over)"
+            elif p not in self.owned and holder is not None and holder != self.worker_id:
                 held_by_others[p] = holder
         to_acquire, to_release = plan_partitions(
             self.partitions, self.worker_id, workers, set(self.owned), held_by_others
@@ -175,7 +210,7 @@ class PartitionOwner:
                 max_deliver=-1,
             ),
         )
-        puller = _Puller(self.js, self.stream, durable, p, self.dispatch, self.slots)
+        puller = _Puller(self.js, self.stream, durable, p, self._on_message, self.slots)
         puller.start()
         self.owned[p] = (lease, puller)
         log.info("%s took %s partition %d", self.worker_id, self.agent_type, p)
@@ -187,13 +222,19 @@ class PartitionOwner:
         lease, puller = entry
         await puller.stop()
         if release:
-            with contextlib.suppress(Exception):
-                await self.leases.release(lease)
+            # Keep the lease until the work already fetched from this partition is acked.
+            self.handing_over[p] = lease
+            await self._finish_handovers()
 
     async def release_all(self) -> None:
+        """Release every lease (after a graceful stop has finished or abandoned the in-flight work)."""
         self.draining = True
         for p in list(self.owned):
             await self._drop(p, release=True)
+        for p, lease in list(self.handing_over.items()):
+            del self.handing_over[p]
+            with contextlib.suppress(Exception):
+                await self.leases.release(lease)
 
     async def stop_pulling(self) -> None:
         """Stop fetching new work but keep the leases (graceful shutdown finishes in-flight work first)."""

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,17 +26,22 @@ from plexus.core import (
     ConcurrentAppendError,
     HandlerError,
     KernelError,
+    MessageId,
+    ProtocolError,
     ReplyMessage,
+    RunId,
     RunMessageReceived,
 )
 
 from ._activation import Activation, ActivationTable
 from ._agent import AgentType, App
+from ._artifacts import PayloadTooLargeError, headers_size
 from ._backend import WorkerBackend
 from ._checkpoints import CheckpointConflictError, CheckpointStore
 from ._client import Runtime
 from ._context import Context
 from ._envelope import (
+    HDR_MSG_ID,
     Envelope,
     Reply,
     WireError,
@@ -48,14 +53,14 @@ from ._envelope import (
 from ._interceptors import (
     DeadlineInterceptor,
     HandleInput,
-    KeepAliveInterceptor,
     TracingInterceptor,
     chain,
 )
 from ._leases import LeaseManager
 from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
-from ._subjects import checkpoint_key
+from ._subjects import SubjectTooLongError, checkpoint_key
+from ._supervisor import new_root_run
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -82,13 +87,20 @@ class _JsDelivery:
         await self.msg.in_progress()
 
 
-@dataclass
+def _nothing() -> None:
+    return None
+
+
+@dataclass(eq=False)
 class _Work:
     msg: Msg
     env: Envelope
     agent_type: AgentType
     agent_id: AgentId
     durable: bool
+    done: Callable[[], None] = _nothing
+
+    __hash__ = object.__hash__
 
     @property
     def reply_to(self) -> str | None:
@@ -112,14 +124,15 @@ class Worker:
         self._activations = ActivationTable(
             CheckpointStore(runtime.topology.checkpoints),
             lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
+            lambda aid: runtime.event_log(aid).last_seq(),
         )
         self._owners: dict[str, PartitionOwner] = {}
+        self._unacked: set[_Work] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
         self._backend = WorkerBackend(self)
         interceptors = [
             TracingInterceptor(),
-            KeepAliveInterceptor(),
             DeadlineInterceptor(),
             *app.interceptors,
         ]
@@ -170,6 +183,7 @@ class Worker:
         for owner in self._owners.values():
             await owner.rebalance()
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
+        self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
 
     def _live_worker_ids(self, agent_type: AgentType) -> Any:
         ns_type = f"{agent_type.namespace}/{agent_type.name}"
@@ -195,7 +209,9 @@ class Worker:
     async def _maintain(self) -> None:
         """Heartbeats, lease renewal/rebalancing and passivation, on one timer."""
         period = min(self.config.heartbeat_s, self.config.lease_ttl_s / 3)
-        while not self._stopping:
+        # Runs on through a graceful stop (which cancels it at the end): the leases of partitions whose
+        # in-flight work is still draining must stay renewed, or another worker would run that work again.
+        while True:
             await asyncio.sleep(period)
             try:
                 await self._heartbeat()
@@ -204,6 +220,17 @@ class Worker:
                 await self._passivate()
             except Exception:  # keep maintaining through transient NATS errors
                 log.exception("worker maintenance round failed")
+
+    async def _keep_alive(self) -> None:
+        """Every ack_wait/3, tell JetStream that every fetched, unacked message (queued in a mailbox or
+        running) is still being worked on, so a long handler or a long queue is never redelivered while this
+        worker lives. One sweeper for all messages: no task per message on the hot path."""
+        interval = max(self.config.ack_wait_s / 3.0, 0.05)
+        while True:
+            await asyncio.sleep(interval)
+            for work in list(self._unacked):
+                with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
+                    await work.msg.in_progress()
 
     async def _passivate(self) -> None:
         busy = self._mailboxes.busy_keys
@@ -238,11 +265,14 @@ class Worker:
             await self.rt.registry.remove_worker(self.worker_id)
 
     # -- intake ---------------------------------------------------------------------------------------
-    async def _dispatch_durable(self, partition: int, msg: Msg) -> None:
+    async def _dispatch_durable(self, partition: int, msg: Msg, done: Callable[[], None]) -> None:
         work = await self._intake(msg, durable=True)
         if work is None:
             self._inflight.release()
+            done()
             return
+        work.done = done
+        self._unacked.add(work)
         self._mailboxes.put(work.agent_id, work)
 
     async def _on_ephemeral(self, msg: Msg) -> None:
@@ -271,28 +301,71 @@ class Worker:
                 env, msg, Reply(id=env.id, ok=False, error=AgentNotFoundError(agent_id).to_wire())
             )
             return None
+        if not self._arrived_for(msg.subject, agent_id, durable):
+            # Running it would activate the agent from another key's partition: two activations at once.
+            await self._dead_letter(msg, "target", f"{env.target!r} arrived on {msg.subject!r}", env)
+            return None
+        try:
+            checkpoint_key(agent_id.namespace, agent_id.type, agent_id.key)
+        except SubjectTooLongError as exc:  # its activation could never load or save a checkpoint
+            await self._dead_letter(msg, "target", str(exc), env)
+            return None
+        problem = _envelope_problem(env)
+        if problem is not None:
+            # Caught here, not when the EventLog entry fails to validate at commit: that would leave the
+            # message unacked and redeliver it forever.
+            await self._dead_letter(msg, "schema", problem, env)
+            return None
+        if env.run is None:  # a foreign sender may omit it: the message starts a run, as a client's does
+            env = msgspec.structs.replace(env, run=new_root_run())
         return _Work(msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable)
 
+    def _arrived_for(self, subject: str, agent_id: AgentId, durable: bool) -> bool:
+        """Whether `subject` is the inbox of `agent_id` (the one its partition and mailbox follow)."""
+        subjects = self.rt.subjects_for(agent_id.namespace)
+        try:
+            if durable:
+                agent_type, key, _ = subjects.parse_partitioned(subject)
+            else:
+                agent_type, key = subjects.parse_ephemeral(subject)
+        except ValueError:
+            return False
+        return (agent_type, key) == (agent_id.type, agent_id.key)
+
     async def _dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
-        subject_type = (
-            env.target.split("/")[-2] if env is not None and env.target.count("/") >= 1 else "_invalid"
-        )
+        subjects = self.rt.subjects_for(self.app.namespace)
+        # A target is `[ns/]type/key` and only the key may hold '/': split twice, the type precedes the key.
+        parts = env.target.split("/", 2) if env is not None else []
+        try:
+            dlq_subject = subjects.dlq(parts[-2] if len(parts) >= 2 else "_invalid")
+        except ValueError:  # a type too long for a subject: it must still be dead-lettered and acked
+            dlq_subject = subjects.dlq("_invalid")
         headers = {
             "Plexus-Dlq-Reason": reason,
             "Plexus-Dlq-Detail": detail[:1000],
             "Plexus-Dlq-Subject": msg.subject,
             "Plexus-Dlq-Worker": self.worker_id,
+            "Plexus-Dlq-Size": str(len(msg.data)),
         }
+        # Our headers make the copy bigger than the original; past max_payload the server would close
+        # the connection (and the message would come back forever), so keep only a prefix of the body.
+        room = self.rt.nc.max_payload - headers_size(headers)
+        data = msg.data if len(msg.data) <= room else msg.data[: max(room, 0)]
         try:
-            subjects = self.rt.subjects_for(self.app.namespace)
-            await self.rt.js.publish(subjects.dlq(subject_type), msg.data, headers=headers)
+            await self.rt.js.publish(dlq_subject, data, headers=headers)
         except Exception:
             log.exception("dead-lettering failed; leaving the message for redelivery")
             return
         log.warning("dead-lettered %s: %s (%s)", msg.subject, reason, detail)
+        error = ProtocolError(f"message rejected ({reason}): {detail}")
         if env is not None and reason != "unregistered":
-            error = KernelError(f"message rejected ({reason}): {detail}")
             await self._reply(env, msg, Reply(id=env.id, ok=False, error=error.to_wire()))
+        elif env is None and msg.reply and not msg.reply.startswith("$JS."):
+            # A core request names its reply address outside the body: answer even undecodable bytes.
+            msg_id = (msg.headers or {}).get(HDR_MSG_ID, "")
+            await self._publish_reply(
+                msg.reply, encode_reply(Reply(id=msg_id, ok=False, error=error.to_wire()))
+            )
         if msg.reply and msg.reply.startswith("$JS.ACK"):
             await msg.ack()
 
@@ -311,6 +384,8 @@ class Worker:
         finally:
             if work.durable:
                 self._inflight.release()
+                self._unacked.discard(work)
+                work.done()
 
     async def _handle(self, work: _Work) -> None:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
@@ -337,6 +412,11 @@ class Worker:
         finally:
             self._backend.unbind(ctx)
         encoded = encode_reply(reply) if work.reply_to else None
+        if encoded is not None and len(encoded) > self.rt.nc.max_payload:
+            # Undeliverable as is (the publish would fail and the caller time out): answer a typed error.
+            too_large = PayloadTooLargeError(len(encoded), self.rt.nc.max_payload)
+            reply = Reply(id=env.id, ok=False, error=too_large.to_wire(), handled_by=self.worker_id)
+            encoded = encode_reply(reply)
         if work.durable:
             await self._commit(activation, work, ctx, reply, encoded)
         if encoded is not None and work.reply_to:
@@ -390,6 +470,9 @@ class Worker:
                 entries, expected_seq=activation.log_seq
             )
         activation.remember(env.id, encoded)
+        # The checkpoint is one KV value: unbounded remembered replies would outgrow max_payload and make
+        # every later commit of this agent fail (its messages redelivered forever).
+        _forget_large_replies(activation.handled, self.rt.nc.max_payload // 4)
         await self._activations.save(activation)
 
     async def _ack(self, work: _Work) -> None:
@@ -397,13 +480,45 @@ class Worker:
             await work.msg.ack()
 
     async def _reply(self, env: Envelope, msg: Msg, reply: Reply) -> None:
-        target = env.reply_to or (None if (msg.reply or "").startswith("$JS.") else msg.reply)
+        # The same preference as `_Work.reply_to`: a core requester waits on msg.reply, not on the body's.
+        core = None if (msg.reply or "").startswith("$JS.") else msg.reply
+        target = core or env.reply_to
         if target:
             await self._publish_reply(target, encode_reply(reply))
 
     async def _publish_reply(self, target: str, data: bytes) -> None:
         with contextlib.suppress(Exception):  # a caller that went away is not our failure
             await self.rt.nc.publish(target, data)
+
+
+def _forget_large_replies(handled: MutableMapping[str, bytes | None], budget: int) -> None:
+    """Drop the oldest remembered replies (keeping their ids) until the rest fit in `budget` bytes.
+
+    A forgotten reply still marks its message as handled, so a redelivery never runs the handler twice; it
+    is only not re-sent (the caller's deadline covers that rare crash-between-commit-and-ack case).
+    """
+    total = sum(len(reply) for reply in handled.values() if reply is not None)
+    for message_id, reply in list(handled.items()):
+        if total <= budget:
+            return
+        if reply is not None:
+            handled[message_id] = None
+            total -= len(reply)
+
+
+def _envelope_problem(env: Envelope) -> str | None:
+    """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries)."""
+    try:
+        MessageId.parse(env.id)
+        if env.sender is not None:
+            AgentId.parse(env.sender)
+        if env.run is not None:
+            for run_id in (env.run.run_id, env.run.root_id, env.run.parent_id):
+                if run_id is not None:
+                    RunId.parse(run_id)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
 
 
 def _log_lost(agent_type: str) -> Callable[[int], None]:

@@ -88,6 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--ack-wait", type=float, default=30.0, help="seconds before JetStream redelivers")
     worker.add_argument("--lease-ttl", type=float, default=10.0, help="partition lease TTL in seconds")
+    worker.add_argument(
+        "--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeats before a worker is dead"
+    )
     worker.add_argument("--worker-id", default=None)
 
     dev = sub.add_parser("dev", help="embedded nats-server + worker(s); optional script; Ctrl-C stops all")
@@ -110,7 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(app: App, args: argparse.Namespace) -> None:
-    rt = await Runtime.connect(args.nats, namespace=app.namespace, lease_ttl_s=args.lease_ttl)
+    rt = await Runtime.connect(
+        args.nats, namespace=app.namespace, lease_ttl_s=args.lease_ttl, heartbeat_ttl_s=args.heartbeat_ttl
+    )
     worker = Worker(
         app,
         rt,
@@ -118,6 +123,8 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
             concurrency=args.concurrency,
             ack_wait_s=args.ack_wait,
             lease_ttl_s=args.lease_ttl,
+            # Beat at least three times per TTL so one lost beat does not make a live worker look dead.
+            heartbeat_s=min(2.0, args.heartbeat_ttl / 3),
             worker_id=args.worker_id,
         ),
     )
