@@ -82,7 +82,13 @@ async def test_creates_the_streams_and_buckets_of_the_architecture(js: JetStream
 
     await topo.artifacts.put("hello", b"world")
     assert (await (await js.object_store("plexus_artifacts")).get("hello")).data == b"world"
-    assert set(topo.streams) == {"PLEXUS_INBOX", "PLEXUS_EVENTS", "PLEXUS_PROGRESS", "PLEXUS_DLQ"}
+    assert set(topo.streams) == {
+        "PLEXUS_INBOX",
+        "PLEXUS_EVENTS",
+        "PLEXUS_PROGRESS",
+        "PLEXUS_DLQ",
+        "PLEXUS_COUNTERS",
+    }
 
 
 async def test_the_inbox_transform_adds_the_servers_partition(js: JetStreamContext) -> None:
@@ -124,7 +130,7 @@ async def test_idempotent_and_concurrent_calls_from_many_connections(nats_server
         assert all(t.partitions == 16 for t in [*topos, again])
         infos = await conns[0].jetstream().streams_info()
         # Exactly one of each: 4 streams, 5 KV buckets, 1 object store.
-        assert len(infos) == 10
+        assert len(infos) == 12  # 5 streams, 6 KV buckets, 1 object store
         # Every handle works on the shared buckets.
         await topos[0].registry.put("echo", b"x")
         assert (await topos[5].registry.get("echo")).value == b"x"
@@ -218,6 +224,7 @@ async def test_another_prefix_cannot_take_over_the_streams(js: JetStreamContext)
         events_stream="ACME_EVENTS",
         progress_stream="ACME_PROGRESS",
         dlq_stream="ACME_DLQ",
+        counters_stream="ACME_COUNTERS",
         checkpoints_bucket="acme_checkpoints",
     )
     topo = await ensure_topology(js, prefix="acme", names=names)

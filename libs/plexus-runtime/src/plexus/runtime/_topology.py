@@ -72,12 +72,14 @@ class TopologyNames:
     events_stream: str = "PLEXUS_EVENTS"
     progress_stream: str = "PLEXUS_PROGRESS"
     dlq_stream: str = "PLEXUS_DLQ"
+    counters_stream: str = "PLEXUS_COUNTERS"
     checkpoints_bucket: str = "plexus_checkpoints"
     registry_bucket: str = "plexus_registry"
     subscriptions_bucket: str = "plexus_subscriptions"
     workers_bucket: str = "plexus_workers"
     leases_bucket: str = "plexus_leases"
     artifacts_bucket: str = "plexus_artifacts"
+    runs_bucket: str = "plexus_runs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +94,7 @@ class Topology:
     subscriptions: KeyValue
     workers: KeyValue
     leases: KeyValue
+    runs: KeyValue
     artifacts: ObjectStore
     streams: dict[str, StreamInfo] = field(default_factory=dict)
 
@@ -176,6 +179,15 @@ async def ensure_topology(
             duplicate_window=min(dedupe_window_s, dlq_max_age_s),
             **common,
         ),
+        StreamConfig(
+            name=names.counters_stream,
+            description="Plexus run-tree budget totals and handler-attempt counters (Nats-Incr)",
+            subjects=[f"{prefix}.*.ctr.>"],
+            retention=RetentionPolicy.LIMITS,
+            max_age=dlq_max_age_s,
+            allow_msg_counter=True,
+            **common,
+        ),
     ]
     infos: dict[str, StreamInfo] = {}
     for config in streams:
@@ -194,6 +206,7 @@ async def ensure_topology(
         subscriptions=await _ensure_kv(js, kv(names.subscriptions_bucket, None)),
         workers=await _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s)),
         leases=await _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s)),
+        runs=await _ensure_kv(js, kv(names.runs_bucket, None)),
         artifacts=await _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage),
         streams=infos,
     )

@@ -1,0 +1,227 @@
+"""The orchestration protocol: what workers and clients exchange with the orchestrator service.
+
+It lives in the runtime (the service imports it; the runtime never imports the service). Every request goes
+to a NATS micro-service endpoint under ``<prefix>.<ns>.orch.<verb>`` (queue group "q", discoverable through
+``$SRV``); failures come back as micro error replies whose body is a `KernelError.to_wire()` dict, so the
+caller re-raises the same typed error.
+
+State the orchestrator owns (all in JetStream, none in one process's memory):
+- `plexus_runs` KV: ``run.<run_id>`` → `RunRecord`, ``tree.<root_id>`` → `TreeRecord` (spawn slots), both
+  written by compare-and-swap.
+- `PLEXUS_COUNTERS` stream (``allow_msg_counter``): ``<prefix>.<ns>.ctr.<root>.<dimension>`` budget totals
+  incremented atomically with ``Nats-Incr`` by every reporter, and ``<prefix>.<ns>.ctr.att.<message>``
+  handler-start counters that reveal crashed attempts.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import Any, Literal
+
+import msgspec
+
+__all__ = [
+    "ORCH_SERVICE_NAME",
+    "ORCH_VERSION",
+    "TERMINAL",
+    "CancelNotice",
+    "CancelRequest",
+    "CrashReport",
+    "FinishedReport",
+    "GetRunRequest",
+    "PauseNotice",
+    "RunRecord",
+    "RunStatus",
+    "Slot",
+    "SpawnReply",
+    "SpawnRequest",
+    "StartRunReply",
+    "StartRunRequest",
+    "TreeRecord",
+    "UsageTotals",
+    "attempt_counter_subject",
+    "budget_counter_subject",
+    "cancel_subject",
+    "orch_subject",
+    "pause_subject",
+    "run_key",
+    "tree_key",
+]
+
+ORCH_VERSION = 1
+ORCH_SERVICE_NAME = "plexus-orchestrator"
+#: Cost is counted in integer micro-units of the budget's currency (counters are integers).
+COST_SCALE = 1_000_000
+
+
+class RunStatus(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUSPENDED = "suspended"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+
+
+class UsageTotals(msgspec.Struct, omit_defaults=True):
+    tokens: int = 0
+    cost_micros: int = 0
+    turns: int = 0
+
+
+class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One run (the root or a child) of a run tree."""
+
+    v: int = ORCH_VERSION
+    run_id: str
+    root_id: str
+    parent_id: str | None = None
+    depth: int = 0
+    agent_id: str
+    session_id: str | None = None
+    status: RunStatus = RunStatus.PENDING
+    reason: str | None = None
+    priority: int = 2
+    attempts: int = 0
+    budget: dict[str, Any] | None = None  # ExecutionBudget JSON
+    spawn_budget: dict[str, Any] | None = None  # SpawnBudget JSON
+    retry: dict[str, Any] | None = None  # RetryPolicy JSON
+    deadline: float | None = None  # epoch seconds
+    created_at: float = 0.0
+    updated_at: float = 0.0
+    children: list[str] = []
+    usage: UsageTotals = msgspec.field(default_factory=UsageTotals)
+    output: msgspec.Raw | None = None  # JSON array of content blocks (completed runs)
+    error: dict[str, Any] | None = None  # KernelError.to_wire() (failed/cancelled runs)
+
+
+class Slot(msgspec.Struct, omit_defaults=True, kw_only=True):
+    agent_id: str
+    priority: int
+    paused: bool = False
+    preempted_by: str | None = None
+
+
+class TreeRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Spawn accounting shared by the whole tree: active slots (root included) against `max_agents`."""
+
+    v: int = ORCH_VERSION
+    root_id: str
+    max_agents: int
+    allow_preempt: bool = True
+    active: dict[str, Slot] = {}
+    spawned_total: int = 0
+
+
+# -- requests and replies -------------------------------------------------------------------------------
+class StartRunRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
+    agent_id: str
+    payload: msgspec.Raw  # JSON array of content blocks
+    budget: dict[str, Any] | None = None
+    spawn_budget: dict[str, Any] | None = None
+    retry: dict[str, Any] | None = None
+    priority: int = 2
+    session_id: str | None = None
+    run_id: str | None = None  # idempotency: a repeated start with the same id returns the same run
+
+
+class StartRunReply(msgspec.Struct, kw_only=True):
+    run_id: str
+    status: RunStatus
+
+
+class SpawnRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
+    parent_run_id: str
+    root_id: str
+    parent_agent: str
+    child_agent: str
+    priority: int | None = None
+    child_run_id: str | None = None  # idempotency for a retried spawn
+
+
+class SpawnReply(msgspec.Struct, omit_defaults=True, kw_only=True):
+    run_id: str
+    root_id: str
+    parent_id: str
+    depth: int
+    priority: int
+    session_id: str | None = None
+    deadline: float | None = None
+    budget: dict[str, Any] | None = None
+    retry: dict[str, Any] | None = None
+    preempted: str | None = None  # run id of the agent paused to make room, if any
+
+
+class FinishedReport(msgspec.Struct, omit_defaults=True, kw_only=True):
+    run_id: str
+    status: Literal["completed", "failed", "cancelled"]
+    output: msgspec.Raw | None = None
+    error: dict[str, Any] | None = None
+
+
+class CrashReport(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A worker saw a crashed attempt (attempt counter > 1) and what it decided."""
+
+    run_id: str
+    agent_id: str
+    message_id: str
+    attempt: int
+    decision: Literal["retry", "exhausted"]
+    backoff_s: float = 0.0
+
+
+class CancelRequest(msgspec.Struct, kw_only=True):
+    run_id: str
+    reason: str = "cancelled"
+
+
+class GetRunRequest(msgspec.Struct, kw_only=True):
+    run_id: str
+
+
+# -- broadcasts ---------------------------------------------------------------------------------------
+class CancelNotice(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Published on `cancel_subject(root)`: every agent of the tree cancels its token with `error`."""
+
+    root_id: str
+    run_id: str
+    reason: str
+    error: dict[str, Any] | None = None  # the KernelError agents should see (Cancellation/BudgetExhausted)
+
+
+class PauseNotice(msgspec.Struct, kw_only=True):
+    root_id: str
+    run_id: str
+    paused: bool
+
+
+# -- names --------------------------------------------------------------------------------------------
+def orch_subject(prefix: str, namespace_token: str, verb: str) -> str:
+    return f"{prefix}.{namespace_token}.orch.{verb}"
+
+
+def cancel_subject(prefix: str, namespace_token: str, root_token: str) -> str:
+    return f"{prefix}.{namespace_token}.ctl.cancel.{root_token}"
+
+
+def pause_subject(prefix: str, namespace_token: str, root_token: str) -> str:
+    return f"{prefix}.{namespace_token}.ctl.pause.{root_token}"
+
+
+def budget_counter_subject(prefix: str, namespace_token: str, root_token: str, dimension: str) -> str:
+    return f"{prefix}.{namespace_token}.ctr.{root_token}.{dimension}"
+
+
+def attempt_counter_subject(prefix: str, namespace_token: str, message_token: str) -> str:
+    return f"{prefix}.{namespace_token}.ctr.att.{message_token}"
+
+
+def run_key(run_token: str) -> str:
+    return f"run.{run_token}"
+
+
+def tree_key(root_token: str) -> str:
+    return f"tree.{root_token}"
