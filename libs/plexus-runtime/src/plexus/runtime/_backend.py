@@ -6,6 +6,8 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from plexus.core import (
     AgentId,
     AgentProgress,
@@ -120,7 +122,7 @@ class WorkerBackend:
         status = "completed"
         try:
             return await self.worker.rt.send_message(
-                blocks, child, timeout=timeout_s, sender=ctx.agent_id, run=child_run
+                blocks, child, timeout=timeout_s, sender=ctx.agent_id, run=child_run, kind="spawn"
             )
         except KernelError:
             status = "failed"
@@ -136,6 +138,11 @@ class WorkerBackend:
                     status=status,
                 )
             )
+
+    async def reload(self, ctx: Context) -> None:
+        """Put the agent back to its last checkpointed state (before a handler retry)."""
+        activation = self._activation(ctx)
+        activation.agent.load_state(msgspec.json.decode(activation.saved_state))
 
     async def checkpoint_from(self, ctx: Context) -> None:
         await self.worker._activations.save(self._activation(ctx))

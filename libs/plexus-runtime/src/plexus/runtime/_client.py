@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 import nats
@@ -28,15 +28,20 @@ from plexus.core import (
     AgentNotFoundError,
     AgentProgress,
     BaseBlock,
+    ExecutionBudget,
     KernelError,
     MessageId,
+    Priority,
     ReplyTimeoutError,
+    RetryPolicy,
+    SpawnBudget,
     StreamEvent,
     TopicId,
     stream_event_from_json,
 )
 
 from ._artifacts import ArtifactStore, check_payload_size, headers_size
+from ._cluster import OrchestratorClient
 from ._envelope import (
     HDR_MSG_ID,
     Envelope,
@@ -50,9 +55,19 @@ from ._envelope import (
 )
 from ._eventlog import EventLog
 from ._interceptors import Interceptor, PublishInput, SendInput, TracingInterceptor, chain
+from ._orchestration import (
+    TERMINAL,
+    CancelRequest,
+    GetRunRequest,
+    RunRecord,
+    RunStatus,
+    StartRunReply,
+    StartRunRequest,
+    run_key,
+)
 from ._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
 from ._server import NatsServer
-from ._subjects import Subjects, checkpoint_key
+from ._subjects import Subjects, checkpoint_key, escape_token
 from ._subscriptions import Subscription, SubscriptionTable
 from ._supervisor import new_root_run
 from ._topology import Topology, ensure_topology
@@ -89,6 +104,7 @@ class Runtime:
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._reply_sub: Any = None
         self._server: NatsServer | None = None
+        self.orchestrator = OrchestratorClient(self)
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._send_terminal)
         self._publish_chain = chain(icpt, "publish", self._publish_terminal)
@@ -216,8 +232,12 @@ class Runtime:
         sender: AgentId | None = None,
         run: RunInfo | None = None,
         message_id: str | None = None,
+        kind: Literal["send", "spawn"] = "send",
     ) -> list[BaseBlock]:
-        """RPC: deliver `blocks` to `agent_id` and return its reply, or raise its typed error."""
+        """RPC: deliver `blocks` to `agent_id` and return its reply, or raise its typed error.
+
+        ``kind="spawn"`` marks the message as the entry of a child run (used by `Context.spawn`).
+        """
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
         inp = SendInput(
@@ -228,6 +248,7 @@ class Runtime:
             timeout_s=timeout,
             headers={},
             run=run,
+            kind=kind,
         )
         result: list[BaseBlock] = await self._send_chain(inp)
         return result
@@ -246,7 +267,7 @@ class Runtime:
         # The worker keeps the agent's checkpoint under a KV key that may be longer than the subject.
         checkpoint_key(inp.recipient.namespace, inp.recipient.type, inp.recipient.key)
         env = await self._envelope(
-            inp.blocks, inp.recipient, "send", inp.sender, inp.run, inp.message_id, inp.timeout_s
+            inp.blocks, inp.recipient, inp.kind, inp.sender, inp.run, inp.message_id, inp.timeout_s
         )
         headers = make_headers(env, inp.headers)
         remaining = max(deadline - time.monotonic(), 0.001)
@@ -404,6 +425,73 @@ class Runtime:
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    # -- orchestrated runs ---------------------------------------------------------------------------
+    async def start_run(
+        self,
+        agent_id: AgentId,
+        blocks: Sequence[BaseBlock],
+        *,
+        budget: ExecutionBudget | None = None,
+        spawn_budget: SpawnBudget | None = None,
+        retry: RetryPolicy | None = None,
+        priority: int = int(Priority.NORMAL),
+        session_id: str | None = None,
+        run_id: str | None = None,
+    ) -> str:
+        """Start a run tree rooted at `agent_id` under the orchestrator; returns the run id.
+
+        Budgets, spawn slots, retries, cancellation and the deadline are enforced cluster-wide from then on.
+        Passing the same `run_id` again is idempotent (the first run is returned).
+        """
+        request = StartRunRequest(
+            agent_id=str(agent_id),
+            payload=payload_from_blocks(await self.artifacts.offload(list(blocks))),
+            budget=budget.model_dump(mode="json") if budget else None,
+            spawn_budget=(spawn_budget or SpawnBudget()).model_dump(mode="json"),
+            retry=retry.model_dump(mode="json") if retry else None,
+            priority=priority,
+            session_id=session_id,
+            run_id=run_id,
+        )
+        reply = await self.orchestrator.call("start", request, StartRunReply, namespace=agent_id.namespace)
+        return reply.run_id
+
+    async def get_run(self, run_id: str) -> RunRecord:
+        """The persisted state of one run (root or child): status, reason, tree links, usage, attempts."""
+        return await self.orchestrator.call("get", GetRunRequest(run_id=run_id), RunRecord)
+
+    async def cancel_run(self, run_id: str, reason: str = "cancelled") -> RunRecord:
+        """Cancel the run tree; every agent of it on every worker sees CancellationError(reason)."""
+        return await self.orchestrator.call("cancel", CancelRequest(run_id=run_id, reason=reason), RunRecord)
+
+    async def wait_run(self, run_id: str, *, timeout: float = 60.0) -> RunRecord:
+        """Wait (event-driven, on the run's KV key) until the run is COMPLETED, FAILED or CANCELLED."""
+        key = run_key(escape_token(run_id))
+        watcher = await self.topology.runs.watch(key)
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+                    if entry is None or not entry.value:
+                        continue
+                    record = msgspec.json.decode(entry.value, type=RunRecord)
+                    if record.status in TERMINAL:
+                        return record
+        except TimeoutError:
+            raise ReplyTimeoutError(f"run/{run_id}", run_id, timeout) from None
+        finally:
+            with contextlib.suppress(Exception):
+                await watcher.stop()  # type: ignore[no-untyped-call]
+
+    async def run_result(self, run_id: str, *, timeout: float = 60.0) -> list[BaseBlock]:
+        """The root's reply when the run completed; otherwise raise the run's typed error."""
+        record = await self.wait_run(run_id, timeout=timeout)
+        if record.status == RunStatus.COMPLETED:
+            return blocks_from_payload(record.output) if record.output is not None else []
+        raise KernelError.from_wire(
+            record.error or {"error_type": "KernelError", "message": record.reason or ""}
+        )
 
     def event_log(self, agent_id: AgentId) -> EventLog[Any]:
         subjects = self.subjects_for(agent_id.namespace)

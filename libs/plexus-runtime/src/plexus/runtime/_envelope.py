@@ -87,6 +87,9 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     session_id: str | None = None
     deadline: float | None = None
     budget: dict[str, Any] | None = None
+    #: True when the orchestrator owns this run tree (cluster-wide budgets, spawn slots, retries).
+    orchestrated: bool = False
+    retry: dict[str, Any] | None = None  # RetryPolicy JSON
 
 
 class Envelope(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):

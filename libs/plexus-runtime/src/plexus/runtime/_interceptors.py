@@ -63,6 +63,7 @@ class SendInput:
     timeout_s: float
     headers: dict[str, str]
     run: Any = None
+    kind: str = "send"
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import socket
 import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from nats.aio.msg import Msg
@@ -39,7 +39,9 @@ from ._artifacts import PayloadTooLargeError, headers_size
 from ._backend import WorkerBackend
 from ._checkpoints import CheckpointConflictError, CheckpointStore
 from ._client import Runtime
+from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from ._context import Context
+from ._control import RetryInterceptor, RunControlInterceptor
 from ._envelope import (
     HDR_MSG_ID,
     Envelope,
@@ -57,9 +59,10 @@ from ._interceptors import (
     chain,
 )
 from ._leases import LeaseManager
+from ._orchestration import CancelNotice, FinishedReport, PauseNotice
 from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
-from ._subjects import SubjectTooLongError, checkpoint_key
+from ._subjects import SubjectTooLongError, checkpoint_key, escape_token
 from ._supervisor import new_root_run
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -130,9 +133,16 @@ class Worker:
         self._unacked: set[_Work] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
-        self._backend = WorkerBackend(self)
+        self.control = RunControl(runtime)
+        self.orchestrator = OrchestratorClient(runtime)
+        self._backend = WorkerBackend(self, ClusterSupervisor(runtime, self.control, self.orchestrator))
+        self._run_control = RunControlInterceptor(self.control)
+        # Outermost first: the trace spans everything; run control races the whole retry loop against
+        # the tree's cancellation; retries wrap each attempt, which the deadline bounds.
         interceptors = [
             TracingInterceptor(),
+            self._run_control,
+            RetryInterceptor(self.orchestrator, self._backend.reload),
             DeadlineInterceptor(),
             *app.interceptors,
         ]
@@ -182,6 +192,11 @@ class Worker:
                 self._subs.append(sub)
         for owner in self._owners.values():
             await owner.rebalance()
+        ns = escape_token(self.app.namespace)
+        self._subs.append(
+            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.cancel.*", cb=self._on_cancel)
+        )
+        self._subs.append(await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._on_pause))
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
 
@@ -231,6 +246,21 @@ class Worker:
             for work in list(self._unacked):
                 with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
                     await work.msg.in_progress()
+
+    async def _on_cancel(self, msg: Msg) -> None:
+        try:
+            notice = msgspec.json.decode(msg.data, type=CancelNotice)
+        except msgspec.DecodeError:
+            log.warning("ignoring a malformed cancel notice on %s", msg.subject)
+            return
+        self.control.on_cancel(notice)
+        self._run_control.cancel_tree(notice.root_id, notice.reason)
+
+    async def _on_pause(self, msg: Msg) -> None:
+        try:
+            self.control.on_pause(msgspec.json.decode(msg.data, type=PauseNotice))
+        except msgspec.DecodeError:
+            log.warning("ignoring a malformed pause notice on %s", msg.subject)
 
     async def _passivate(self) -> None:
         busy = self._mailboxes.busy_keys
@@ -333,6 +363,22 @@ class Worker:
         return (agent_type, key) == (agent_id.type, agent_id.key)
 
     async def _dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
+        if not await self._dlq_copy(msg, reason, detail, env):
+            return
+        error = ProtocolError(f"message rejected ({reason}): {detail}")
+        if env is not None and reason != "unregistered":
+            await self._reply(env, msg, Reply(id=env.id, ok=False, error=error.to_wire()))
+        elif env is None and msg.reply and not msg.reply.startswith("$JS."):
+            # A core request names its reply address outside the body: answer even undecodable bytes.
+            msg_id = (msg.headers or {}).get(HDR_MSG_ID, "")
+            await self._publish_reply(
+                msg.reply, encode_reply(Reply(id=msg_id, ok=False, error=error.to_wire()))
+            )
+        if msg.reply and msg.reply.startswith("$JS.ACK"):
+            await msg.ack()
+
+    async def _dlq_copy(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> bool:
+        """Publish a copy of `msg` with the reason to the dead-letter stream; False if that failed."""
         subjects = self.rt.subjects_for(self.app.namespace)
         # A target is `[ns/]type/key` and only the key may hold '/': split twice, the type precedes the key.
         parts = env.target.split("/", 2) if env is not None else []
@@ -351,23 +397,17 @@ class Worker:
         # the connection (and the message would come back forever), so keep only a prefix of the body.
         room = self.rt.nc.max_payload - headers_size(headers)
         data = msg.data if len(msg.data) <= room else msg.data[: max(room, 0)]
+        if env is not None and env.run is not None:
+            headers["Plexus-Dlq-Run"] = env.run.run_id
+            headers["Plexus-Dlq-Root"] = env.run.root_id
+            headers["Plexus-Dlq-Target"] = env.target
         try:
             await self.rt.js.publish(dlq_subject, data, headers=headers)
         except Exception:
             log.exception("dead-lettering failed; leaving the message for redelivery")
-            return
+            return False
         log.warning("dead-lettered %s: %s (%s)", msg.subject, reason, detail)
-        error = ProtocolError(f"message rejected ({reason}): {detail}")
-        if env is not None and reason != "unregistered":
-            await self._reply(env, msg, Reply(id=env.id, ok=False, error=error.to_wire()))
-        elif env is None and msg.reply and not msg.reply.startswith("$JS."):
-            # A core request names its reply address outside the body: answer even undecodable bytes.
-            msg_id = (msg.headers or {}).get(HDR_MSG_ID, "")
-            await self._publish_reply(
-                msg.reply, encode_reply(Reply(id=msg_id, ok=False, error=error.to_wire()))
-            )
-        if msg.reply and msg.reply.startswith("$JS.ACK"):
-            await msg.ack()
+        return True
 
     # -- handling -------------------------------------------------------------------------------------
     async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
@@ -421,7 +461,23 @@ class Worker:
             await self._commit(activation, work, ctx, reply, encoded)
         if encoded is not None and work.reply_to:
             await self._publish_reply(work.reply_to, encoded)
+        await self._report_finished(env, reply)
         await self._ack(work)
+
+    async def _report_finished(self, env: Envelope, reply: Reply) -> None:
+        """Tell the orchestrator a run ended, when this message was a run's entry (its spawn or start)."""
+        run = env.run
+        if run is None or not run.orchestrated or not (env.kind == "spawn" or env.sender is None):
+            return
+        error_type = (reply.error or {}).get("error_type")
+        status: Literal["completed", "failed", "cancelled"] = (
+            "completed" if reply.ok else "cancelled" if error_type == "CancellationError" else "failed"
+        )
+        report = FinishedReport(run_id=run.run_id, status=status, output=reply.payload, error=reply.error)
+        try:
+            await self.orchestrator.call("finished", report, dict, namespace=self.app.namespace)
+        except KernelError as exc:  # the run's deadline sweeper still ends it; never fail the message
+            log.warning("could not report the end of run %s: %s", run.run_id, exc)
 
     async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
         env = work.env
@@ -441,6 +497,8 @@ class Worker:
             payload = payload_from_blocks(await self.rt.artifacts.offload(result or []))
             return Reply(id=env.id, ok=True, payload=payload, handled_by=self.worker_id)
         except KernelError as exc:
+            if getattr(exc, "dead_letter", False):  # retries exhausted: keep the message with its context
+                await self._dlq_copy(work.msg, "retries_exhausted", str(exc), env)
             return Reply(id=env.id, ok=False, error=exc.to_wire(), handled_by=self.worker_id)
         except Exception as exc:
             error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))

@@ -1,0 +1,259 @@
+"""The runtime's side of orchestration: a client for the orchestrator's endpoints, the run-control state a
+worker learns from broadcasts, and `ClusterSupervisor`, which makes budgets and spawn slots cluster-wide.
+
+Budget accounting does not go through the orchestrator: every reporter increments the run tree's JetStream
+counters (`Nats-Incr`), which the server applies atomically, so the total can overshoot the limit only by
+increments already in flight when it was crossed. The orchestrator watches the same counters and fails the
+run for agents that never report again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import msgspec
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeoutError
+
+from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, KernelError, Usage
+
+from ._envelope import RunInfo
+from ._orchestration import (
+    COST_SCALE,
+    TERMINAL,
+    CancelNotice,
+    PauseNotice,
+    RunRecord,
+    SpawnReply,
+    SpawnRequest,
+    budget_counter_subject,
+    orch_subject,
+    run_key,
+)
+from ._subjects import escape_token
+from ._supervisor import LocalSupervisor
+
+if TYPE_CHECKING:
+    from ._client import Runtime
+
+__all__ = ["ClusterSupervisor", "OrchestratorClient", "RunControl", "ServiceUnavailableError"]
+
+R = TypeVar("R")
+
+_DIMENSIONS = (("tokens", "max_tokens"), ("cost_micros", "max_cost_usd"), ("turns", "max_turns"))
+
+
+class ServiceUnavailableError(KernelError):
+    """No instance of a Plexus service (e.g. the orchestrator) answered in time."""
+
+    fields = ("service",)
+    recoverable = True
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        super().__init__(f"no {service} instance answered; is it running?")
+
+
+class OrchestratorClient:
+    """Typed requests to the orchestrator's micro-service endpoints."""
+
+    def __init__(self, rt: Runtime, timeout_s: float = 5.0) -> None:
+        self.rt = rt
+        self.timeout_s = timeout_s
+
+    async def call(self, verb: str, body: Any, reply_type: type[R], namespace: str | None = None) -> R:
+        ns = escape_token(namespace or self.rt.namespace)
+        subject = orch_subject(self.rt.prefix, ns, verb)
+        data = body if isinstance(body, bytes) else msgspec.json.encode(body)
+        try:
+            msg = await self.rt.nc.request(subject, data, timeout=self.timeout_s)
+        except (NoRespondersError, NatsTimeoutError, TimeoutError):
+            raise ServiceUnavailableError("orchestrator") from None
+        headers = msg.headers or {}
+        if "Nats-Service-Error-Code" in headers:
+            try:
+                wire = json.loads(msg.data)
+            except ValueError:
+                wire = {"error_type": "KernelError", "message": headers.get("Nats-Service-Error", "error")}
+            raise KernelError.from_wire(wire)
+        return msgspec.json.decode(msg.data, type=reply_type)
+
+
+class RunControl:
+    """What this process knows about run trees: cancelled roots (with the error to raise) and paused runs."""
+
+    def __init__(self, rt: Runtime, memory: int = 10_000) -> None:
+        self.rt = rt
+        self._memory = memory
+        self.cancelled: OrderedDict[str, KernelError] = OrderedDict()
+        self._resume: dict[str, asyncio.Event] = {}
+        self._status_cache: dict[str, tuple[float, RunRecord | None]] = {}
+        self._listeners: list[Any] = []
+
+    def on_cancel(self, notice: CancelNotice) -> KernelError:
+        error = KernelError.from_wire(notice.error) if notice.error else _cancelled(notice.reason)
+        self.cancelled[notice.root_id] = error
+        while len(self.cancelled) > self._memory:
+            self.cancelled.popitem(last=False)
+        return error
+
+    def on_pause(self, notice: PauseNotice) -> None:
+        event = self._resume.setdefault(notice.run_id, asyncio.Event())
+        if notice.paused:
+            event.clear()
+        else:
+            event.set()
+            self._resume.pop(notice.run_id, None)
+
+    async def wait_if_paused(self, run_id: str) -> None:
+        """Cooperative pause: a preempted agent parks here (at its next consume/check) until resumed."""
+        event = self._resume.get(run_id)
+        if event is not None and not event.is_set():
+            await event.wait()
+
+    async def terminal_error(self, run: RunInfo) -> KernelError | None:
+        """The error an agent of a finished (failed/cancelled) tree must see, from broadcasts or the store."""
+        known = self.cancelled.get(run.root_id)
+        if known is not None:
+            return known
+        record = await self._record(run.root_id)
+        if record is None or record.status not in TERMINAL or record.status == "completed":
+            return None
+        error = (
+            KernelError.from_wire(record.error) if record.error else _cancelled(record.reason or "run ended")
+        )
+        self.cancelled[run.root_id] = error
+        return error
+
+    async def _record(self, run_id: str) -> RunRecord | None:
+        # A short cache: intake checks stay cheap under load; broadcasts cover the live case anyway.
+        now = time.monotonic()
+        cached = self._status_cache.get(run_id)
+        if cached is not None and now - cached[0] < 0.5:
+            return cached[1]
+        try:
+            entry = await self.rt.topology.runs.get(run_key(escape_token(run_id)))
+            record = msgspec.json.decode(entry.value, type=RunRecord) if entry.value else None
+        except Exception:
+            record = None
+        if len(self._status_cache) > self._memory:
+            self._status_cache.clear()
+        self._status_cache[run_id] = (now, record)
+        return record
+
+
+def _cancelled(reason: str) -> KernelError:
+    from plexus.core import CancellationError
+
+    return CancellationError(reason)
+
+
+class ClusterSupervisor:
+    """Cluster-wide budgets (JetStream counters) and spawn slots (orchestrator) for orchestrated runs;
+    runs not started through the orchestrator fall back to the process-local supervisor."""
+
+    def __init__(self, rt: Runtime, control: RunControl, client: OrchestratorClient | None = None) -> None:
+        self.rt = rt
+        self.control = control
+        self.client = client or OrchestratorClient(rt)
+        self.local = LocalSupervisor()
+
+    def _counter(self, run: RunInfo, dimension: str) -> str:
+        return budget_counter_subject(
+            self.rt.prefix, self.rt.subjects.namespace, escape_token(run.root_id), dimension
+        )
+
+    async def consume(self, run: RunInfo, agent_id: AgentId, usage: Usage, turns: int) -> None:
+        if not run.orchestrated:
+            await self.local.consume(run, agent_id, usage, turns)
+            return
+        await self._raise_if_ended(run)
+        deltas = {
+            "tokens": usage.total_tokens,
+            "cost_micros": round((usage.cost.amount if usage.cost else 0.0) * COST_SCALE),
+            "turns": turns,
+        }
+        totals: dict[str, int] = {}
+        for dimension, delta in deltas.items():
+            if delta:
+                reply = await self.rt.nc.request(
+                    self._counter(run, dimension), b"", headers={"Nats-Incr": str(delta)}, timeout=5
+                )
+                totals[dimension] = int(json.loads(reply.data)["val"])
+        self._enforce(run, totals)
+        await self.control.wait_if_paused(run.run_id)
+
+    async def check(self, run: RunInfo) -> None:
+        if not run.orchestrated:
+            await self.local.check(run)
+            return
+        await self._raise_if_ended(run)
+        totals: dict[str, int] = {}
+        for dimension, _ in _DIMENSIONS:
+            try:
+                msg = await self.rt.js.get_last_msg(
+                    self.rt.topology.names.counters_stream, self._counter(run, dimension)
+                )
+                totals[dimension] = int(json.loads(msg.data or b"{}")["val"])
+            except Exception:
+                continue  # never incremented
+        self._enforce(run, totals)
+        await self.control.wait_if_paused(run.run_id)
+
+    async def _raise_if_ended(self, run: RunInfo) -> None:
+        error = await self.control.terminal_error(run)
+        if error is not None:
+            raise error
+
+    def _enforce(self, run: RunInfo, totals: dict[str, int]) -> None:
+        if run.budget is None:
+            return
+        budget = ExecutionBudget.model_validate(run.budget)
+        if budget.max_tokens is not None and totals.get("tokens", 0) > budget.max_tokens:
+            raise BudgetExhaustedError("tokens", totals["tokens"], budget.max_tokens)
+        if (
+            budget.max_cost_usd is not None
+            and totals.get("cost_micros", 0) > budget.max_cost_usd * COST_SCALE
+        ):
+            raise BudgetExhaustedError("cost", totals["cost_micros"] / COST_SCALE, budget.max_cost_usd)
+        if budget.max_turns is not None and totals.get("turns", 0) > budget.max_turns:
+            raise BudgetExhaustedError("turns", totals["turns"], budget.max_turns)
+
+    async def spawn(
+        self, parent: RunInfo, parent_agent: AgentId, child: AgentId, priority: int | None
+    ) -> RunInfo:
+        if not parent.orchestrated:
+            return await self.local.spawn(parent, parent_agent, child, priority)
+        await self._raise_if_ended(parent)
+        reply = await self.client.call(
+            "spawn",
+            SpawnRequest(
+                parent_run_id=parent.run_id,
+                root_id=parent.root_id,
+                parent_agent=str(parent_agent),
+                child_agent=str(child),
+                priority=priority,
+            ),
+            SpawnReply,
+            namespace=parent_agent.namespace,
+        )
+        return RunInfo(
+            run_id=reply.run_id,
+            root_id=reply.root_id,
+            parent_id=reply.parent_id,
+            depth=reply.depth,
+            priority=reply.priority,
+            session_id=reply.session_id,
+            deadline=reply.deadline,
+            budget=reply.budget,
+            orchestrated=True,
+            retry=reply.retry,
+        )
+
+    async def finished(self, run: RunInfo, status: str) -> None:
+        # The worker that handled the child's run-entry message reports it (it knows the output).
+        return None

@@ -1,0 +1,151 @@
+"""Interceptors that make orchestrated runs obey the orchestrator: run control (cancellation, deadlines and
+budget failures broadcast for the whole tree, and terminal runs for agents that start later) and retries
+(crashed attempts detected with a per-message attempt counter; handler exceptions retried by policy).
+
+Both only act on envelopes whose `RunInfo.orchestrated` is set; other messages pass straight through.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import Awaitable, Callable
+
+from plexus.core import AgentCrashError, BaseBlock, CancellationError, KernelError, RetryPolicy
+
+from ._cluster import OrchestratorClient, RunControl
+from ._context import Context
+from ._interceptors import HandleInput, HandleNext, Interceptor
+from ._orchestration import CrashReport, attempt_counter_subject
+from ._subjects import escape_token
+
+__all__ = ["RetryInterceptor", "RunControlInterceptor"]
+
+log = logging.getLogger("plexus.worker")
+
+
+class RunControlInterceptor(Interceptor):
+    """Refuses work for finished trees and stops a running handler when its tree is cancelled.
+
+    The handler sees the cancellation on its token first (cooperative); if it has not returned after
+    `grace_s`, its task is cancelled — so a deadline or a budget failure holds even for agents that never
+    check. The caller gets the tree's error (CancellationError or BudgetExhaustedError), not a generic one.
+    """
+
+    def __init__(self, control: RunControl, grace_s: float = 0.5) -> None:
+        self.control = control
+        self.grace_s = grace_s
+        self.inflight: dict[str, set[Context]] = {}
+
+    def cancel_tree(self, root_id: str, reason: str) -> int:
+        contexts = self.inflight.get(root_id, set())
+        for ctx in contexts:
+            ctx._controller.cancel(reason)
+        return len(contexts)
+
+    async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
+        run = inp.envelope.run
+        if run is None or not run.orchestrated:
+            return await call_next(inp)
+        ended = await self.control.terminal_error(run)
+        if ended is not None:
+            raise ended
+        members = self.inflight.setdefault(run.root_id, set())
+        members.add(inp.ctx)
+        task = asyncio.ensure_future(call_next(inp))
+        stop = asyncio.ensure_future(inp.ctx.cancellation.wait())
+        try:
+            await asyncio.wait({task, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if not task.done():
+                done, _ = await asyncio.wait({task}, timeout=self.grace_s)
+                if not done:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, Exception):
+                        await task
+                    raise self._error(run.root_id, inp.ctx)
+            try:
+                return task.result()
+            except CancellationError:
+                raise self._error(run.root_id, inp.ctx) from None
+        finally:
+            stop.cancel()
+            if not task.done():
+                task.cancel()
+            members.discard(inp.ctx)
+            if not members:
+                self.inflight.pop(run.root_id, None)
+
+    def _error(self, root_id: str, ctx: Context) -> KernelError:
+        return self.control.cancelled.get(root_id) or CancellationError(
+            ctx.cancellation.reason or "cancelled"
+        )
+
+
+class RetryInterceptor(Interceptor):
+    """Retries by the run's RetryPolicy.
+
+    - Crashed attempts: each start of a handler for a durable orchestrated message increments the message's
+      attempt counter (`Nats-Incr`, atomic). A count above 1 means an earlier attempt died with its worker
+      (or lost its lease). Within `max_retries` the handler runs again after the backoff, from the agent's
+      last checkpoint; beyond it the worker dead-letters the message and the caller gets AgentCrashError.
+    - Handler exceptions (HandlerError) are retried in place only if the policy allows it, after the
+      agent's state is restored from its checkpoint.
+    """
+
+    def __init__(
+        self,
+        client: OrchestratorClient,
+        reload: Callable[[Context], Awaitable[None]],
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        self.client = client
+        self.reload = reload
+        self.sleep = sleep
+
+    async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
+        run = inp.envelope.run
+        if run is None or not run.orchestrated or inp.delivery is None:
+            return await call_next(inp)
+        policy = RetryPolicy.model_validate(run.retry) if run.retry else RetryPolicy()
+        rt = self.client.rt
+        subject = attempt_counter_subject(rt.prefix, rt.subjects.namespace, escape_token(inp.envelope.id))
+        reply = await rt.nc.request(subject, b"", headers={"Nats-Incr": "1"}, timeout=5)
+        crashes = int(json.loads(reply.data)["val"]) - 1
+        if crashes > 0:
+            exhausted = not policy.should_retry("AgentCrashError", crashes)
+            backoff = 0.0 if exhausted else policy.backoff(crashes)
+            await self._report(inp, crashes + 1, "exhausted" if exhausted else "retry", backoff)
+            if exhausted:
+                error = AgentCrashError(run.run_id, inp.agent.id)
+                error.dead_letter = True  # type: ignore[attr-defined]  # read by the worker, never on the wire
+                raise error
+            await self.sleep(backoff)
+        failures = 0
+        while True:
+            try:
+                return await call_next(inp)
+            except KernelError:
+                raise  # typed outcomes (budget, cancellation, denial) are results, not crashes
+            except Exception as exc:
+                failures += 1
+                if not policy.should_retry("HandlerError", failures):
+                    raise
+                log.info("retrying %s after %s (failure %d)", inp.agent.id, type(exc).__name__, failures)
+                await self.sleep(policy.backoff(failures))
+                await self.reload(inp.ctx)
+
+    async def _report(self, inp: HandleInput, attempt: int, decision: str, backoff: float) -> None:
+        run = inp.envelope.run
+        assert run is not None
+        report = CrashReport(
+            run_id=run.run_id,
+            agent_id=str(inp.agent.id),
+            message_id=inp.envelope.id,
+            attempt=attempt,
+            decision=decision,  # type: ignore[arg-type]
+            backoff_s=backoff,
+        )
+        with contextlib.suppress(KernelError):  # visibility only: the decision stands without the service
+            await self.client.call("crashed", report, dict, namespace=inp.agent.id.namespace)
