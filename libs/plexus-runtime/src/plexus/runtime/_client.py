@@ -34,6 +34,7 @@ from plexus.core import (
     Priority,
     ReplyTimeoutError,
     RetryPolicy,
+    RunId,
     SpawnBudget,
     StreamEvent,
     TopicId,
@@ -452,7 +453,7 @@ class Runtime:
             retry=retry.model_dump(mode="json") if retry else None,
             priority=priority,
             session_id=session_id,
-            run_id=run_id,
+            run_id=run_id or str(RunId.new()),  # chosen here so a retried start is idempotent
         )
         reply = await self.orchestrator.call("start", request, StartRunReply, namespace=agent_id.namespace)
         return reply.run_id

@@ -19,7 +19,7 @@ import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 
-from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, KernelError, Usage
+from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, KernelError, RunId, Usage
 
 from ._envelope import RunInfo
 from ._orchestration import (
@@ -66,13 +66,20 @@ class OrchestratorClient:
         self.timeout_s = timeout_s
 
     async def call(self, verb: str, body: Any, reply_type: type[R], namespace: str | None = None) -> R:
+        """One request; retried while no replica answers (every request is idempotent: ids are chosen by
+        the caller), so losing one orchestrator replica mid-request costs a retry, not the request."""
         ns = escape_token(namespace or self.rt.namespace)
         subject = orch_subject(self.rt.prefix, ns, verb)
         data = body if isinstance(body, bytes) else msgspec.json.encode(body)
-        try:
-            msg = await self.rt.nc.request(subject, data, timeout=self.timeout_s)
-        except (NoRespondersError, NatsTimeoutError, TimeoutError):
-            raise ServiceUnavailableError("orchestrator") from None
+        deadline = time.monotonic() + self.timeout_s * 3
+        while True:
+            try:
+                msg = await self.rt.nc.request(subject, data, timeout=self.timeout_s)
+                break
+            except (NoRespondersError, NatsTimeoutError, TimeoutError):
+                if time.monotonic() >= deadline:
+                    raise ServiceUnavailableError("orchestrator") from None
+                await asyncio.sleep(0.2)
         headers = msg.headers or {}
         if "Nats-Service-Error-Code" in headers:
             try:
@@ -237,6 +244,7 @@ class ClusterSupervisor:
                 parent_agent=str(parent_agent),
                 child_agent=str(child),
                 priority=priority,
+                child_run_id=str(RunId.new()),  # chosen here so a retried request is idempotent
             ),
             SpawnReply,
             namespace=parent_agent.namespace,

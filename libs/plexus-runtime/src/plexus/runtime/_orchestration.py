@@ -7,7 +7,7 @@ caller re-raises the same typed error.
 
 State the orchestrator owns (all in JetStream, none in one process's memory):
 - `plexus_runs` KV: ``run.<run_id>`` → `RunRecord`, ``tree.<root_id>`` → `TreeRecord` (spawn slots), both
-  written by compare-and-swap.
+  written by compare-and-swap; ``input.<root_id>`` → the root's input payload (written once).
 - `PLEXUS_COUNTERS` stream (``allow_msg_counter``): ``<prefix>.<ns>.ctr.<root>.<dimension>`` budget totals
   incremented atomically with ``Nats-Incr`` by every reporter, and ``<prefix>.<ns>.ctr.att.<message>``
   handler-start counters that reveal crashed attempts.
@@ -20,6 +20,8 @@ from typing import Any, Literal
 
 import msgspec
 
+from plexus.core._errors import KernelError
+
 __all__ = [
     "ORCH_SERVICE_NAME",
     "ORCH_VERSION",
@@ -29,8 +31,11 @@ __all__ = [
     "CrashReport",
     "FinishedReport",
     "GetRunRequest",
+    "InvalidRunRequest",
     "PauseNotice",
+    "RunNotFoundError",
     "RunRecord",
+    "RunStateError",
     "RunStatus",
     "Slot",
     "SpawnReply",
@@ -42,6 +47,7 @@ __all__ = [
     "attempt_counter_subject",
     "budget_counter_subject",
     "cancel_subject",
+    "input_key",
     "orch_subject",
     "pause_subject",
     "run_key",
@@ -96,6 +102,7 @@ class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     usage: UsageTotals = msgspec.field(default_factory=UsageTotals)
     output: msgspec.Raw | None = None  # JSON array of content blocks (completed runs)
     error: dict[str, Any] | None = None  # KernelError.to_wire() (failed/cancelled runs)
+    retry_at: float | None = None  # PENDING after a crash: when the worker starts the next attempt
 
 
 class Slot(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -182,6 +189,41 @@ class GetRunRequest(msgspec.Struct, kw_only=True):
     run_id: str
 
 
+# -- typed error replies ------------------------------------------------------------------------------
+class RunNotFoundError(KernelError):
+    """No run with this id exists in `plexus_runs`."""
+
+    fields = ("run_id",)
+
+    def __init__(self, run_id: str) -> None:
+        self.run_id = run_id
+        super().__init__(f"unknown run {run_id!r}")
+
+
+class InvalidRunRequest(KernelError):
+    """A request the orchestrator cannot accept as sent: not JSON, a missing or ill-typed field, a negative
+    budget, a run that is not part of the tree it claims."""
+
+    fields = ("verb", "problem")
+
+    def __init__(self, verb: str, problem: str) -> None:
+        self.verb = verb
+        self.problem = problem
+        super().__init__(f"invalid {verb} request: {problem}")
+
+
+class RunStateError(KernelError):
+    """The run is in a state that does not allow the action (e.g. spawning from a completed run)."""
+
+    fields = ("run_id", "status", "action")
+
+    def __init__(self, run_id: str, status: str, action: str) -> None:
+        self.run_id = run_id
+        self.status = status
+        self.action = action
+        super().__init__(f"cannot {action}: run {run_id} is {status}")
+
+
 # -- broadcasts ---------------------------------------------------------------------------------------
 class CancelNotice(msgspec.Struct, omit_defaults=True, kw_only=True):
     """Published on `cancel_subject(root)`: every agent of the tree cancels its token with `error`."""
@@ -225,3 +267,8 @@ def run_key(run_token: str) -> str:
 
 def tree_key(root_token: str) -> str:
     return f"tree.{root_token}"
+
+
+def input_key(run_token: str) -> str:
+    """The root run's input payload, kept so any orchestrator replica can (re)dispatch the run."""
+    return f"input.{run_token}"

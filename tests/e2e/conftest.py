@@ -1,0 +1,43 @@
+"""Fixtures for whole-system tests: real nats-server, worker processes and orchestrator processes."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from plexus.runtime import NatsServer
+from tests.runtime.conftest import REPO, runtime, worker_process
+
+__all__ = ["OrchestratorProcess", "orchestrator_process", "runtime", "worker_process"]
+
+OrchestratorProcess = Callable[..., subprocess.Popen[bytes]]
+
+
+@pytest.fixture
+def orchestrator_process(nats_server: NatsServer, tmp_path: Path) -> Iterator[OrchestratorProcess]:
+    """Start `plexus orchestrator` as a real process (killed by PID at teardown)."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str) -> subprocess.Popen[bytes]:
+        log = (tmp_path / f"orchestrator{len(procs)}.log").open("wb")
+        cmd = [sys.executable, "-m", "plexus.runtime.cli", "orchestrator", "--nats", nats_server.url, *args]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        procs.append(proc)
+        return proc
+
+    try:
+        yield start
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)

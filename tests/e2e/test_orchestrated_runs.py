@@ -1,0 +1,302 @@
+"""Orchestrated run trees across real worker and orchestrator processes (the orchestrator issue's list)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Sequence
+
+import pytest
+
+from plexus.core import (
+    AgentCrashError,
+    AgentId,
+    AgentProgress,
+    BudgetExhaustedError,
+    CancellationError,
+    ExecutionBudget,
+    KernelError,
+    Priority,
+    RetryPolicy,
+    SpawnBudget,
+    TextBlock,
+)
+from plexus.runtime import Runtime, escape_token
+from plexus.runtime._cluster import ServiceUnavailableError
+from plexus.runtime._orchestration import budget_counter_subject
+from tests.runtime.conftest import WorkerProcess
+
+from .conftest import OrchestratorProcess
+
+# The service is a separate distribution; these tests need it installed (the workspace does that).
+pytest.importorskip("plexus.orchestrator")
+
+APP = "tests.e2e.apps_tree:app"
+FAST = ("--heartbeat-ttl", "3")
+
+
+def cmd(**fields: object) -> list[TextBlock]:
+    return [TextBlock(text=json.dumps(fields))]
+
+
+async def until(predicate: object, timeout: float, what: str) -> None:
+    """Wait for a condition that has no event to await (process state, registry contents)."""
+    async with asyncio.timeout(timeout):
+        while not await predicate():  # type: ignore[operator]  # noqa: ASYNC110 - cross-process state
+            await asyncio.sleep(0.1)
+    _ = what
+
+
+async def ready(rt: Runtime, workers: int) -> None:
+    async def hosts() -> bool:
+        return len(await rt.workers("leaf")) >= workers
+
+    async def orchestrator() -> bool:
+        try:
+            await rt.get_run("run_probe")
+        except ServiceUnavailableError:
+            return False
+        except KernelError:
+            return True  # a typed "unknown run" answer: the service is up
+        return True
+
+    await until(hosts, 20, "workers registered")
+    await until(orchestrator, 20, "orchestrator answering")
+    await asyncio.sleep(1.5)  # let the workers settle their partition shares before load arrives
+
+
+@contextlib.asynccontextmanager
+async def recording(rt: Runtime, run_id: str) -> AsyncIterator[list[AgentProgress]]:
+    events: list[AgentProgress] = []
+
+    async def collect() -> None:
+        async for event in rt.progress(run_id):
+            events.append(event)
+
+    task = asyncio.create_task(collect())
+    try:
+        yield events
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def pid_of(event: AgentProgress) -> int | None:
+    text = "".join(getattr(b, "text", "") for b in event.content)
+    return int(text.split("pid=")[1].split()[0]) if "pid=" in text else None
+
+
+async def counter_total(rt: Runtime, root_id: str, dimension: str) -> int:
+    subject = budget_counter_subject(rt.prefix, rt.subjects.namespace, escape_token(root_id), dimension)
+    msg = await rt.js.get_last_msg(rt.topology.names.counters_stream, subject)
+    return int(json.loads(msg.data or b"{}")["val"])
+
+
+async def test_token_budget_holds_across_a_20_agent_tree_on_two_workers(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    worker_process(APP, *FAST)
+    await ready(runtime, 2)
+    run_id = await runtime.start_run(
+        AgentId("root", "budget"),
+        cmd(children=19, leaf={"steps": 40, "tokens": 100, "sleep": 0.05}),
+        budget=ExecutionBudget(max_tokens=4000),
+        spawn_budget=SpawnBudget(max_agents=20),
+    )
+    async with recording(runtime, run_id) as events:
+        record = await runtime.wait_run(run_id, timeout=60)
+        assert record.status == "failed"
+        assert record.reason is not None
+        assert record.reason.startswith("Token budget exceeded:"), record.reason
+        # Every agent stops: nothing more happens in the tree once it has failed.
+        await asyncio.sleep(1.5)
+        settled = len(events)
+        await asyncio.sleep(1.5)
+        assert len(events) == settled
+    total = await counter_total(runtime, run_id, "tokens")
+    # Over the limit only by increments in flight when it was crossed: at most one per agent.
+    assert 4000 < total <= 4000 + 20 * 100, total
+    started_pids = {pid_of(e) for e in events if e.step == "started" and e.agent_id.startswith("leaf/")}
+    assert len(started_pids - {None}) == 2, "the tree ran on both workers"
+    with pytest.raises(BudgetExhaustedError) as info:
+        await runtime.run_result(run_id, timeout=5)
+    assert info.value.dimension == "tokens"
+
+
+async def test_spawn_denied_at_max_agents(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    await ready(runtime, 1)
+    run_id = await runtime.start_run(
+        AgentId("root", "spawny"),
+        cmd(children=5, leaf={"steps": 1, "sleep": 1.5}),
+        spawn_budget=SpawnBudget(max_agents=3, allow_preempt=False),
+    )
+    results = json.loads(
+        "".join(getattr(b, "text", "") for b in await runtime.run_result(run_id, timeout=30))
+    )
+    # The root holds one slot of three: two children run, three are denied while they hold theirs.
+    assert sorted(r.split(":")[0] for r in results) == ["denied", "denied", "denied", "ok", "ok"]
+
+
+async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    await ready(runtime, 1)
+    low = {"priority": int(Priority.LOW), "leaf": {"steps": 20, "tokens": 1, "sleep": 0.1}}
+    high = {"priority": int(Priority.HIGH), "delay": 0.5, "leaf": {"steps": 3, "sleep": 0.1}}
+    run_id = await runtime.start_run(
+        AgentId("root", "preempt"),
+        cmd(specs=[low, high]),
+        spawn_budget=SpawnBudget(max_agents=2, allow_preempt=True),
+        priority=int(Priority.NORMAL),
+    )
+    async with recording(runtime, run_id) as events:
+        results = json.loads(
+            "".join(getattr(b, "text", "") for b in await runtime.run_result(run_id, timeout=60))
+        )
+    # The HIGH child got the LOW child's slot instead of a denial, and the LOW child finished after resuming.
+    assert [r.split(":")[0] for r in results] == ["ok", "ok"], results
+    low_steps = [e for e in events if e.agent_id.endswith("-s0") and e.step == "thinking"]
+    high_done = max(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "thinking")
+    high_start = min(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "started")
+    paused_window = [e for e in low_steps if high_start + 0.15 < e.ts < high_done - 0.05]
+    assert paused_window == [], "the preempted agent kept working while paused"
+
+
+async def test_worker_killed_mid_run_is_retried_from_its_checkpoint(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    orchestrator_process()
+    workers = [worker_process(APP, *FAST), worker_process(APP, *FAST)]
+    await ready(runtime, 2)
+    run_id = await runtime.start_run(
+        AgentId("root", "crash"),
+        cmd(children=1, leaf={"steps": 8, "sleep": 0.4, "checkpoint": True}),
+        retry=RetryPolicy(max_retries=3, initial_backoff_s=0.2),
+    )
+    async with recording(runtime, run_id) as events:
+
+        async def leaf_step_3() -> bool:
+            return any(e.agent_id.startswith("leaf/") and "step 3 " in _text(e) for e in events)
+
+        await until(leaf_step_3, 30, "leaf at step 3")
+        victim_pid = next(
+            pid_of(e) for e in events if e.agent_id.startswith("leaf/") and "step 3 " in _text(e)
+        )
+        os.kill(victim_pid or 0, signal.SIGKILL)
+        results = json.loads(_blocks_text(await runtime.run_result(run_id, timeout=60)))
+    assert len(results) == 1
+    assert results[0].startswith("ok:"), results
+    resumed_from = int(results[0].rsplit("from ", 1)[1])
+    assert resumed_from >= 3, "the retry resumed from the checkpoint, not from scratch"
+    survivor = next(w.pid for w in workers if w.pid != victim_pid)
+    assert any(
+        pid_of(e) == survivor for e in events if e.agent_id.startswith("leaf/") and e.step == "started"
+    )
+
+
+async def test_retries_exhausted_dead_letters_and_the_caller_gets_agent_crash_error(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    orchestrator_process()
+    doomed = [worker_process(APP, *FAST, env={"DOOMED_KILL": "1"}) for _ in range(2)]
+    await ready(runtime, 2)
+    run_id = await runtime.start_run(
+        AgentId("doomed", "d"), [], retry=RetryPolicy(max_retries=1, initial_backoff_s=0.1)
+    )
+
+    async def both_dead() -> bool:
+        return all(p.poll() is not None for p in doomed)
+
+    await until(both_dead, 40, "both doomed workers killed themselves")
+    worker_process(APP, *FAST)  # a healthy worker sees attempt 3 > max_retries + 1
+    with pytest.raises(AgentCrashError) as info:
+        await runtime.run_result(run_id, timeout=40)
+    assert info.value.run_id == run_id
+    assert info.value.agent_id == "doomed/d"
+    dlq = await runtime.js.get_last_msg(runtime.topology.names.dlq_stream, runtime.subjects.dlq("doomed"))
+    assert dlq.headers is not None
+    assert dlq.headers["Plexus-Dlq-Reason"] == "retries_exhausted"
+    assert dlq.headers["Plexus-Dlq-Run"] == run_id
+
+
+async def test_cancel_cascades_to_every_agent_on_every_worker(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    worker_process(APP, *FAST)
+    await ready(runtime, 2)
+    run_id = await runtime.start_run(
+        AgentId("root", "cancel"), cmd(children=6, leaf={"steps": 600, "sleep": 0.1})
+    )
+    async with recording(runtime, run_id) as events:
+
+        async def all_started() -> bool:
+            return len({e.agent_id for e in events if e.step == "started"}) >= 6
+
+        await until(all_started, 30, "six leaves running")
+        await runtime.cancel_run(run_id, "user pressed stop")
+        with pytest.raises(CancellationError):
+            await runtime.run_result(run_id, timeout=10)
+        await asyncio.sleep(1.0)  # within 1 s of the cancel, nothing of the tree is still working
+        settled = len(events)
+        await asyncio.sleep(1.0)
+        assert len(events) == settled
+    pids = {pid_of(e) for e in events if e.step == "started" and e.agent_id.startswith("leaf/")}
+    assert len(pids - {None}) == 2
+
+
+async def test_deadline_holds_for_agents_that_never_check(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    await ready(runtime, 1)
+    run_id = await runtime.start_run(
+        AgentId("sleeper", "late"), cmd(sleep=120), budget=ExecutionBudget(deadline_s=2)
+    )
+    record = await runtime.wait_run(run_id, timeout=15)
+    assert record.status in ("failed", "cancelled")
+    assert "deadline" in (record.reason or ""), record.reason
+
+
+async def test_killing_one_of_two_orchestrators_keeps_the_budget(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    replicas: list[subprocess.Popen[bytes]] = [orchestrator_process(), orchestrator_process()]
+    worker_process(APP, *FAST)
+    worker_process(APP, *FAST)
+    await ready(runtime, 2)
+    run_id = await runtime.start_run(
+        AgentId("root", "ha"),
+        cmd(children=9, leaf={"steps": 40, "tokens": 100, "sleep": 0.05}),
+        budget=ExecutionBudget(max_tokens=2000),
+        spawn_budget=SpawnBudget(max_agents=10),
+    )
+    await asyncio.sleep(0.5)
+    os.kill(replicas[0].pid, signal.SIGKILL)
+    record = await runtime.wait_run(run_id, timeout=60)
+    assert record.status == "failed"
+    assert (record.reason or "").startswith("Token budget exceeded:")
+    assert 2000 < await counter_total(runtime, run_id, "tokens") <= 2000 + 10 * 100
+
+
+def _text(event: AgentProgress) -> str:
+    return "".join(getattr(b, "text", "") for b in event.content) + " "
+
+
+def _blocks_text(blocks: Sequence[object]) -> str:
+    return "".join(getattr(b, "text", "") for b in blocks)
