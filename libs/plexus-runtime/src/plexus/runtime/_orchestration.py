@@ -16,7 +16,7 @@ State the orchestrator owns (all in JetStream, none in one process's memory):
 from __future__ import annotations
 
 import enum
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -60,6 +60,20 @@ ORCH_SERVICE_NAME = "plexus-orchestrator"
 COST_SCALE = 1_000_000
 
 
+_NULL = msgspec.Raw(b"null")
+
+if TYPE_CHECKING:
+    _OptionalRaw = msgspec.Raw | None
+else:
+    # msgspec cannot decode a `Raw | None` union (it accepts only null), so at runtime the field is a plain
+    # Raw whose default is None; `_null_to_none` maps an explicit JSON null back to None after decoding.
+    _OptionalRaw = msgspec.Raw
+
+
+def _null_to_none(raw: msgspec.Raw | None) -> msgspec.Raw | None:
+    return None if raw is None or raw == _NULL else raw
+
+
 class RunStatus(enum.StrEnum):
     PENDING = "pending"
     RUNNING = "running"
@@ -100,9 +114,12 @@ class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     updated_at: float = 0.0
     children: list[str] = []
     usage: UsageTotals = msgspec.field(default_factory=UsageTotals)
-    output: msgspec.Raw | None = None  # JSON array of content blocks (completed runs)
+    output: _OptionalRaw = None  # JSON array of content blocks (completed runs)
     error: dict[str, Any] | None = None  # KernelError.to_wire() (failed/cancelled runs)
     retry_at: float | None = None  # PENDING after a crash: when the worker starts the next attempt
+
+    def __post_init__(self) -> None:
+        self.output = _null_to_none(self.output)
 
 
 class Slot(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -165,8 +182,11 @@ class SpawnReply(msgspec.Struct, omit_defaults=True, kw_only=True):
 class FinishedReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     run_id: str
     status: Literal["completed", "failed", "cancelled"]
-    output: msgspec.Raw | None = None
+    output: _OptionalRaw = None  # JSON array of content blocks
     error: dict[str, Any] | None = None
+
+    def __post_init__(self) -> None:
+        self.output = _null_to_none(self.output)
 
 
 class CrashReport(msgspec.Struct, omit_defaults=True, kw_only=True):

@@ -239,5 +239,5 @@ class PartitionOwner:
     async def stop_pulling(self) -> None:
         """Stop fetching new work but keep the leases (graceful shutdown finishes in-flight work first)."""
         self.draining = True
-        for _, puller in self.owned.values():
+        for _, puller in list(self.owned.values()):
             await puller.stop()

@@ -172,20 +172,38 @@ def _is_delete(entry: KeyValue.Entry) -> bool:
 
 
 async def kv_snapshot(kv: KeyValue, keys: str = ">", timeout_s: float = _SCAN_TIMEOUT_S) -> dict[str, bytes]:
-    """The current value of every live key matching `keys`, read in one watch pass (not one get per key)."""
+    """The current value of every live key matching `keys`, read in one watch pass (not one get per key).
+
+    nats-py's watcher can report "end of initial values" while a key that was rewritten during the scan
+    (history 1: its old revision is gone) is still in flight, so the result is cross-checked against the
+    stream's subject list and any key missing from the pass is read directly.
+    """
     watcher = await kv.watch(keys, ignore_deletes=True)
     out: dict[str, bytes] = {}
     try:
         while True:
             entry: KeyValue.Entry | None = await watcher.updates(timeout=timeout_s)  # type: ignore[no-untyped-call]
             if entry is None:  # end of the initial values
-                return out
+                break
             if _is_delete(entry):
                 out.pop(entry.key, None)
             else:
                 out[entry.key] = entry.value or b""
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
+    prefix = kv._pre  # "$KV.<bucket>." — nats-py exposes no public accessor for it
+    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}{keys}")
+    for subject in info.state.subjects or {}:
+        key = subject[len(prefix) :]
+        if key in out:
+            continue
+        try:
+            entry = await kv.get(key)
+        except KeyNotFoundError:
+            continue
+        if entry is not None and not _is_delete(entry):
+            out[key] = entry.value or b""
+    return out
 
 
 def _decode_all(raw: Mapping[str, bytes], decode: Callable[[bytes], T]) -> list[T]:
