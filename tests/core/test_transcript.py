@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import random
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import pydantic
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -82,7 +84,7 @@ json_values = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**53), 2**53)
-    | st.floats(allow_nan=False)
+    | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=8),
     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(keys, inner, max_size=3),
     max_leaves=8,
@@ -507,3 +509,9 @@ def test_model_items_can_make_summaries_context_items() -> None:
 def test_model_items_rejects_other_summary_kinds() -> None:
     with pytest.raises(ValueError, match="not assistant"):
         model_items([], summary_kind=ItemKind.ASSISTANT)
+
+
+@pytest.mark.parametrize("bad", [math.inf, -math.inf, math.nan, {"x": [1.0, math.inf]}])
+def test_non_finite_numbers_are_refused_not_silently_nulled(bad: object) -> None:
+    with pytest.raises(pydantic.ValidationError, match="must be finite"):
+        Item(kind=ItemKind.USER, metadata={"a": bad})

@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 import json
-from typing import TypeAlias
+import math
+from typing import Annotated, TypeAlias
 
 # pydantic's alias is recursive for mypy and validates recursively at runtime, so fields typed with it
 # reject non-JSON values (bytes, sets, objects) at construction instead of failing later on the wire.
-from pydantic import JsonValue
+from pydantic import AfterValidator
+from pydantic import JsonValue as _PydanticJsonValue
 
 __all__ = ["JsonObject", "JsonValue", "dumps_sorted", "sort_keys_deep"]
+
+
+def _finite(value: _PydanticJsonValue) -> _PydanticJsonValue:
+    # JSON has no NaN/Infinity: pydantic would write them as null, silently changing the value.
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"JSON numbers must be finite, got {value}")
+    if isinstance(value, dict):
+        for item in value.values():
+            _finite(item)
+    elif isinstance(value, list):
+        for item in value:
+            _finite(item)
+    return value
+
+
+JsonValue: TypeAlias = Annotated[_PydanticJsonValue, AfterValidator(_finite)]
 
 JsonObject: TypeAlias = dict[str, JsonValue]
 
