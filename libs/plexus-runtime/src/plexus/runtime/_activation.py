@@ -12,6 +12,7 @@ import time
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from itertools import islice
 from typing import Any
 
 import msgspec
@@ -25,6 +26,12 @@ __all__ = ["Activation", "ActivationTable", "CheckpointDoc"]
 
 #: How many handled message ids a checkpoint remembers for redelivery de-duplication.
 HANDLED_MEMORY = 64
+#: How many of the most recent of those keep their encoded reply, to answer a redelivery without the handler.
+#: A key runs one message at a time, so a dying worker leaves at most its latest message between commit and
+#: reply; the rest cover replies lost with a connection. All 64 replies made a busy key's checkpoint ≈ 23 KB.
+REPLY_MEMORY = 16
+#: A reply longer than this is not kept (only its id): a large reply would be rewritten with every checkpoint.
+REPLY_MAX_BYTES = 4096
 
 
 class CheckpointDoc(msgspec.Struct, omit_defaults=True):
@@ -59,10 +66,31 @@ class Activation:
             return True, self.handled[message_id]
         return False, None
 
-    def remember(self, message_id: str, reply: bytes | None) -> None:
-        self.handled[message_id] = reply
-        while len(self.handled) > HANDLED_MEMORY:
-            self.handled.popitem(last=False)
+    def remember(self, message_id: str, reply: bytes | None, reply_budget: int) -> None:
+        """Record a handled message and its encoded reply (None: nobody to answer).
+
+        Replies are kept for the `REPLY_MEMORY` most recent messages, each at most `REPLY_MAX_BYTES`, while
+        together they fit in `reply_budget` bytes: the checkpoint is one KV value, and one past the server's
+        max_payload would make every later commit of this agent fail. A message whose reply is dropped is
+        still known as handled, so a redelivery never runs the handler twice; it only goes unanswered (the
+        caller's deadline covers that rare crash between commit and reply).
+        """
+        handled = self.handled
+        handled[message_id] = reply if reply is None or len(reply) <= REPLY_MAX_BYTES else None
+        handled.move_to_end(message_id)
+        while len(handled) > HANDLED_MEMORY:
+            handled.popitem(last=False)
+        # Older entries hold no reply already (each call clears the one leaving the window; see also
+        # `_with_recent_replies`), so only the newest REPLY_MEMORY + 1 need a look.
+        size = 0
+        newest = islice(reversed(handled.items()), REPLY_MEMORY + 1)
+        for position, (mid, stored) in enumerate(newest):  # setting a value keeps the order
+            if stored is None:
+                continue
+            if position < REPLY_MEMORY and size + len(stored) <= reply_budget:
+                size += len(stored)
+            else:
+                handled[mid] = None
 
     def document(self) -> tuple[bytes, bytes]:
         """(state bytes, whole checkpoint bytes) for change detection and saving."""
@@ -75,6 +103,18 @@ class Activation:
             progress_seq=self.progress_seq,
         )
         return state_bytes, _encode(doc)
+
+
+def _with_recent_replies(handled: list[tuple[str, bytes | None]]) -> OrderedDict[str, bytes | None]:
+    """The handled-message memory of a loaded checkpoint, replies kept only for the newest REPLY_MEMORY.
+
+    Checkpoints written before REPLY_MEMORY existed kept a reply for every id; `remember` relies on older
+    entries holding none.
+    """
+    memory = OrderedDict(handled)
+    for message_id in list(memory)[:-REPLY_MEMORY]:
+        memory[message_id] = None
+    return memory
 
 
 class ActivationTable:
@@ -121,7 +161,7 @@ class ActivationTable:
             revision=None if stored is None else stored.revision,
             log_seq=log_seq,
             progress_seq=doc.progress_seq,
-            handled=OrderedDict(doc.handled),
+            handled=_with_recent_replies(doc.handled),
             saved_state=_encode(dict(agent.save_state())),
         )
         await agent.on_activate(agent_id)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any, Literal
@@ -267,8 +268,14 @@ class Runtime:
         )
         # The worker keeps the agent's checkpoint under a KV key that may be longer than the subject.
         checkpoint_key(inp.recipient.namespace, inp.recipient.type, inp.recipient.key)
-        env = await self._envelope(
-            inp.blocks, inp.recipient, inp.kind, inp.sender, inp.run, inp.message_id, inp.timeout_s
+        env = self._envelope(
+            await self._payload(inp.blocks),
+            inp.recipient,
+            inp.kind,
+            inp.sender,
+            inp.run or _root_run(inp.message_id),
+            inp.message_id,
+            inp.timeout_s,
         )
         headers = make_headers(env, inp.headers)
         remaining = max(deadline - time.monotonic(), 0.001)
@@ -326,18 +333,21 @@ class Runtime:
         if future is not None and not future.done():
             future.set_result(reply)
 
-    async def _envelope(
+    async def _payload(self, blocks: Sequence[BaseBlock]) -> msgspec.Raw:
+        """The envelope payload of `blocks`: large blocks offloaded to the artifact store, then encoded."""
+        return payload_from_blocks(await self.artifacts.offload(list(blocks)))
+
+    def _envelope(
         self,
-        blocks: Sequence[BaseBlock],
+        payload: msgspec.Raw,
         target: AgentId,
         kind: str,
         sender: AgentId | None,
-        run: RunInfo | None,
+        run: RunInfo,
         message_id: str,
         timeout_s: float | None,
         topic: TopicId | None = None,
     ) -> Envelope:
-        offloaded = await self.artifacts.offload(list(blocks))
         now = time.time()
         return Envelope(
             id=message_id,
@@ -346,8 +356,8 @@ class Runtime:
             sender=str(sender) if sender else None,
             topic=str(topic) if topic else None,
             reply_to=None,
-            payload=payload_from_blocks(offloaded),
-            run=run or new_root_run(),
+            payload=payload,
+            run=run,
             sent_at=now,
             deadline=now + timeout_s if timeout_s is not None else None,
         )
@@ -374,13 +384,17 @@ class Runtime:
         return len(self.subscriptions.recipients(topic_id, sender))
 
     async def _publish_terminal(self, inp: PublishInput) -> None:
-        for recipient in self.subscriptions.recipients(inp.topic, inp.sender):
+        recipients = self.subscriptions.recipients(inp.topic, inp.sender)
+        if not recipients:
+            return
+        # One publication: its payload is offloaded and encoded once, and it starts one run, not one each.
+        payload = await self._payload(inp.blocks)
+        run = inp.run or _root_run(inp.message_id)
+        for recipient in recipients:
             info = self._registry_cache.get_type(recipient.namespace, recipient.type)
             # Per-recipient ids keep de-duplication per inbox while staying stable across publisher retries.
             message_id = f"{inp.message_id}.{recipient.type}"
-            env = await self._envelope(
-                inp.blocks, recipient, "publish", inp.sender, inp.run, message_id, None, inp.topic
-            )
+            env = self._envelope(payload, recipient, "publish", inp.sender, run, message_id, None, inp.topic)
             data = encode_envelope(env)
             headers = make_headers(env, inp.headers)
             check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
@@ -501,6 +515,21 @@ class Runtime:
             stream=self.topology.names.events_stream,
             subject=subjects.evlog(agent_id.type, agent_id.key),
         )
+
+
+#: A message id as `MessageId.new` mints it (the ULID alphabet of python-ulid's output).
+_MINTED_MESSAGE_ID = re.compile(r"msg_([0-7][0-9A-HJKMNP-TV-Z]{25})\Z")
+
+
+def _root_run(message_id: str) -> RunInfo:
+    """The run started by a message sent outside any run.
+
+    Minting a ULID is the costliest step of a send, so a minted message id lends its ULID to the run it starts
+    (``msg_<ULID>`` starts ``run_<ULID>``: unique, and the same run when the message is retried with its id).
+    Any other message id gets a freshly minted `RunId`.
+    """
+    minted = _MINTED_MESSAGE_ID.match(message_id)
+    return new_root_run(run_id=None if minted is None else f"{RunId.prefix}_{minted.group(1)}")
 
 
 _ = HDR_MSG_ID

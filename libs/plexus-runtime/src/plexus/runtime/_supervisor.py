@@ -44,8 +44,10 @@ def new_root_run(
     priority: int = int(Priority.NORMAL),
     budget: ExecutionBudget | None = None,
     deadline: float | None = None,
+    run_id: str | None = None,
 ) -> RunInfo:
-    run_id = str(RunId.new())
+    """A run with no parent: the root of a new run tree (`run_id` defaults to a fresh `RunId`)."""
+    run_id = run_id or str(RunId.new())
     if budget is not None and budget.deadline_s is not None and deadline is None:
         deadline = time.time() + budget.deadline_s
     return RunInfo(

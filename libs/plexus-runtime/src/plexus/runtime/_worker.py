@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, MutableMapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -527,10 +527,7 @@ class Worker:
             activation.log_seq = await self._backend.event_log_for(work.agent_id).append(
                 entries, expected_seq=activation.log_seq
             )
-        activation.remember(env.id, encoded)
-        # The checkpoint is one KV value: unbounded remembered replies would outgrow max_payload and make
-        # every later commit of this agent fail (its messages redelivered forever).
-        _forget_large_replies(activation.handled, self.rt.nc.max_payload // 4)
+        activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
         await self._activations.save(activation)
 
     async def _ack(self, work: _Work) -> None:
@@ -547,21 +544,6 @@ class Worker:
     async def _publish_reply(self, target: str, data: bytes) -> None:
         with contextlib.suppress(Exception):  # a caller that went away is not our failure
             await self.rt.nc.publish(target, data)
-
-
-def _forget_large_replies(handled: MutableMapping[str, bytes | None], budget: int) -> None:
-    """Drop the oldest remembered replies (keeping their ids) until the rest fit in `budget` bytes.
-
-    A forgotten reply still marks its message as handled, so a redelivery never runs the handler twice; it
-    is only not re-sent (the caller's deadline covers that rare crash-between-commit-and-ack case).
-    """
-    total = sum(len(reply) for reply in handled.values() if reply is not None)
-    for message_id, reply in list(handled.items()):
-        if total <= budget:
-            return
-        if reply is not None:
-            handled[message_id] = None
-            total -= len(reply)
 
 
 def _envelope_problem(env: Envelope) -> str | None:

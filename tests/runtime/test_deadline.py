@@ -1,0 +1,142 @@
+"""DeadlineInterceptor semantics: cooperative stop first, hard cancel after the grace, no false deadlines."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import msgspec
+import pytest
+
+from plexus.core import AgentId, CancellationError, TextBlock
+from plexus.runtime import Agent, AgentType, Context, DeadlineInterceptor, Envelope, HandleInput
+
+OK, STOPPED, SWALLOWED = TextBlock(text="ok"), TextBlock(text="stopped"), TextBlock(text="swallowed")
+
+
+def inp(deadline: float | None, limit: float | None) -> HandleInput:
+    """A real HandleInput; the interceptor reads the envelope deadline, the type's limit and the context."""
+    agent_id = AgentId("t", "k")
+    ctx = Context(
+        agent_id=agent_id,
+        message_id="m",
+        sender=None,
+        topic=None,
+        run=None,
+        is_rpc=False,
+        attempt=0,
+        _backend=None,  # type: ignore[arg-type]  # the deadline interceptor never calls the backend
+    )
+    envelope = Envelope(
+        id="m",
+        kind="send",
+        target=str(agent_id),
+        payload=msgspec.Raw(b"[]"),
+        sent_at=time.time(),
+        deadline=deadline,
+    )
+    agent_type = AgentType(name="t", factory=lambda _id: Agent(), time_limit_s=limit)
+    return HandleInput(
+        agent=Agent(), agent_type=agent_type, blocks=[], ctx=ctx, envelope=envelope, delivery=None
+    )
+
+
+async def test_no_limit_runs_plainly() -> None:
+    async def nxt(_: Any) -> Any:
+        return [OK]
+
+    assert await DeadlineInterceptor().handle(inp(None, None), nxt) == [OK]
+
+
+async def test_past_deadline_fails_before_running() -> None:
+    ran = False
+
+    async def nxt(_: Any) -> Any:
+        nonlocal ran
+        ran = True
+
+    with pytest.raises(CancellationError, match="deadline"):
+        await DeadlineInterceptor().handle(inp(time.time() - 1, None), nxt)
+    assert not ran
+
+
+@pytest.mark.parametrize(("deadline", "limit"), [(0.2, None), (None, 0.2), (30.0, 0.2), (0.2, 30.0)])
+async def test_cooperative_handler_sees_token_then_returns(
+    deadline: float | None, limit: float | None
+) -> None:
+    i = inp(None if deadline is None else time.time() + deadline, limit)
+
+    async def nxt(x: Any) -> Any:
+        await x.ctx.cancellation.wait()
+        return [STOPPED]
+
+    assert await DeadlineInterceptor().handle(i, nxt) == [STOPPED]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_ignoring_handler_is_cancelled_after_grace() -> None:
+    i = inp(time.time() + 0.1, None)
+
+    async def nxt(_: Any) -> Any:
+        await asyncio.sleep(30)
+
+    t0 = time.monotonic()
+    with pytest.raises(CancellationError, match="deadline"):
+        await DeadlineInterceptor().handle(i, nxt)
+    assert time.monotonic() - t0 < 1.0
+    assert i.ctx.cancellation.is_cancelled
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_handler_swallowing_cancel_returns_and_counter_is_restored() -> None:
+    i = inp(time.time() + 0.05, None)
+
+    async def nxt(_: Any) -> Any:
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            return [SWALLOWED]
+
+    assert await DeadlineInterceptor().handle(i, nxt) == [SWALLOWED]
+    assert asyncio.current_task().cancelling() == 0  # type: ignore[union-attr]
+
+
+async def test_outer_cancellation_is_not_a_deadline() -> None:
+    started = asyncio.Event()
+
+    async def nxt(_: Any) -> Any:
+        started.set()
+        await asyncio.sleep(30)
+
+    task = asyncio.create_task(DeadlineInterceptor().handle(inp(time.time() + 30, None), nxt))
+    await started.wait()
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_outer_cancellation_racing_the_deadline_stays_a_cancellation() -> None:
+    started = asyncio.Event()
+
+    async def nxt(_: Any) -> Any:
+        started.set()
+        try:
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0.3)  # our hard cancel lands here too
+
+    task = asyncio.create_task(DeadlineInterceptor().handle(inp(time.time() + 0.05, None), nxt))
+    await started.wait()
+    await asyncio.sleep(0.07)  # cooperative fired; hard cancel pending
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_handler_timeout_error_is_not_turned_into_deadline() -> None:
+    async def nxt(_: Any) -> Any:
+        raise TimeoutError("my own")
+
+    with pytest.raises(TimeoutError, match="my own"):
+        await DeadlineInterceptor().handle(inp(time.time() + 30, None), nxt)
