@@ -21,7 +21,7 @@ $(TOOLS)/bin/uv:
 	$(PYTHON) -m venv $(TOOLS)
 	$(TOOLS)/bin/pip install --quiet "uv>=0.5"
 
-$(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml | $(UV)
+$(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml | $(UV)
 	$(UV) sync --all-packages --locked
 	@touch $@
 
@@ -35,7 +35,7 @@ lint: $(STAMP)
 	$(UV) run --no-sync ruff format --check .
 
 typecheck: $(STAMP)
-	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus tests examples bench
+	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus services/orchestrator/src/plexus tests examples bench
 
 imports: $(STAMP)
 	$(UV) run --no-sync lint-imports

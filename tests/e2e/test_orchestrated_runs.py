@@ -27,6 +27,7 @@ from plexus.core import (
 )
 from plexus.runtime import Runtime, escape_token
 from plexus.runtime._cluster import ServiceUnavailableError
+from plexus.runtime._leases import LeaseManager
 from plexus.runtime._orchestration import budget_counter_subject
 from tests.runtime.conftest import WorkerProcess
 
@@ -64,9 +65,15 @@ async def ready(rt: Runtime, workers: int) -> None:
             return True  # a typed "unknown run" answer: the service is up
         return True
 
+    async def shared() -> bool:
+        # Every worker holds its fair share of the leaf partitions (so a tree really spans the workers).
+        holders = await LeaseManager(rt.topology.leases, "probe", 3).holders()
+        owners = [owner for key, owner in holders.items() if ".leaf." in key]
+        return len(owners) == rt.partitions and len(set(owners)) >= workers
+
     await until(hosts, 20, "workers registered")
     await until(orchestrator, 20, "orchestrator answering")
-    await asyncio.sleep(1.5)  # let the workers settle their partition shares before load arrives
+    await until(shared, 20, "partitions shared by every worker")
 
 
 @contextlib.asynccontextmanager
@@ -92,7 +99,7 @@ def pid_of(event: AgentProgress) -> int | None:
 
 
 async def counter_total(rt: Runtime, root_id: str, dimension: str) -> int:
-    subject = budget_counter_subject(rt.prefix, rt.subjects.namespace, escape_token(root_id), dimension)
+    subject = budget_counter_subject(rt.prefix, escape_token(rt.namespace), escape_token(root_id), dimension)
     msg = await rt.js.get_last_msg(rt.topology.names.counters_stream, subject)
     return int(json.loads(msg.data or b"{}")["val"])
 
@@ -240,14 +247,14 @@ async def test_cancel_cascades_to_every_agent_on_every_worker(
     worker_process(APP, *FAST)
     await ready(runtime, 2)
     run_id = await runtime.start_run(
-        AgentId("root", "cancel"), cmd(children=6, leaf={"steps": 600, "sleep": 0.1})
+        AgentId("root", "cancel"), cmd(children=12, leaf={"steps": 600, "sleep": 0.1})
     )
     async with recording(runtime, run_id) as events:
 
         async def all_started() -> bool:
-            return len({e.agent_id for e in events if e.step == "started"}) >= 6
+            return len({e.agent_id for e in events if e.step == "started"}) >= 12
 
-        await until(all_started, 30, "six leaves running")
+        await until(all_started, 30, "twelve leaves running")
         await runtime.cancel_run(run_id, "user pressed stop")
         with pytest.raises(CancellationError):
             await runtime.run_result(run_id, timeout=10)

@@ -171,7 +171,7 @@ class ClusterSupervisor:
 
     def _counter(self, run: RunInfo, dimension: str) -> str:
         return budget_counter_subject(
-            self.rt.prefix, self.rt.subjects.namespace, escape_token(run.root_id), dimension
+            self.rt.prefix, escape_token(self.rt.namespace), escape_token(run.root_id), dimension
         )
 
     async def consume(self, run: RunInfo, agent_id: AgentId, usage: Usage, turns: int) -> None:

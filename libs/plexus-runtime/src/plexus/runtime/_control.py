@@ -110,17 +110,21 @@ class RetryInterceptor(Interceptor):
             return await call_next(inp)
         policy = RetryPolicy.model_validate(run.retry) if run.retry else RetryPolicy()
         rt = self.client.rt
-        subject = attempt_counter_subject(rt.prefix, rt.subjects.namespace, escape_token(inp.envelope.id))
+        subject = attempt_counter_subject(
+            rt.prefix, escape_token(rt.namespace), escape_token(inp.envelope.id)
+        )
         reply = await rt.nc.request(subject, b"", headers={"Nats-Incr": "1"}, timeout=5)
         crashes = int(json.loads(reply.data)["val"]) - 1
         if crashes > 0:
-            exhausted = not policy.should_retry("AgentCrashError", crashes)
-            backoff = 0.0 if exhausted else policy.backoff(crashes)
-            await self._report(inp, crashes + 1, "exhausted" if exhausted else "retry", backoff)
-            if exhausted:
+            if not policy.should_retry("AgentCrashError", crashes):
                 error = AgentCrashError(run.run_id, inp.agent.id)
-                error.dead_letter = True  # type: ignore[attr-defined]  # read by the worker, never on the wire
+                # Read by the worker, never on the wire: it dead-letters the message first, then reports, so
+                # the DLQ copy exists before anyone can see the run fail.
+                error.dead_letter = True  # type: ignore[attr-defined]
+                error.crash_report = lambda: self._report(inp, crashes + 1, "exhausted", 0.0)  # type: ignore[attr-defined]
                 raise error
+            backoff = policy.backoff(crashes)
+            await self._report(inp, crashes + 1, "retry", backoff)
             await self.sleep(backoff)
         failures = 0
         while True:

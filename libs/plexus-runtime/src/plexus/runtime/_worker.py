@@ -148,6 +148,7 @@ class Worker:
         ]
         self._handle_chain = chain(interceptors, "handle", self._invoke)
         self._stopping = False
+        self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -224,9 +225,10 @@ class Worker:
     async def _maintain(self) -> None:
         """Heartbeats, lease renewal/rebalancing and passivation, on one timer."""
         period = min(self.config.heartbeat_s, self.config.lease_ttl_s / 3)
-        # Runs on through a graceful stop (which cancels it at the end): the leases of partitions whose
+        # Runs on through a graceful stop (which ends it at the end): the leases of partitions whose
         # in-flight work is still draining must stay renewed, or another worker would run that work again.
-        while True:
+        # It stops on a flag, not only on cancel: nats-py can swallow a CancelledError inside a publish.
+        while not self._closed:
             await asyncio.sleep(period)
             try:
                 await self._heartbeat()
@@ -241,7 +243,7 @@ class Worker:
         running) is still being worked on, so a long handler or a long queue is never redelivered while this
         worker lives. One sweeper for all messages: no task per message on the hot path."""
         interval = max(self.config.ack_wait_s / 3.0, 0.05)
-        while True:
+        while not self._closed:
             await asyncio.sleep(interval)
             for work in list(self._unacked):
                 with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
@@ -287,10 +289,11 @@ class Worker:
             await self._mailboxes.cancel()
         for owner in self._owners.values():
             await owner.release_all()
+        self._closed = True
         for task in self._tasks:
             task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
         with contextlib.suppress(Exception):
             await self.rt.registry.remove_worker(self.worker_id)
 
@@ -499,6 +502,7 @@ class Worker:
         except KernelError as exc:
             if getattr(exc, "dead_letter", False):  # retries exhausted: keep the message with its context
                 await self._dlq_copy(work.msg, "retries_exhausted", str(exc), env)
+                await exc.crash_report()  # type: ignore[attr-defined]
             return Reply(id=env.id, ok=False, error=exc.to_wire(), handled_by=self.worker_id)
         except Exception as exc:
             error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))

@@ -1,0 +1,234 @@
+"""Tree-wide endings of run trees — budget crossed, deadline passed, cancelled, root finished — and the
+helpers every orchestrator operation shares.
+
+Ordering makes an interrupted ending repairable: the root's terminal state is written first (by CAS, so
+exactly one replica wins), then every still-active run of the tree, then the broadcasts and log entries,
+and only then is the tree's slot table cleared; the sweeper re-runs `close_tree` for trees whose root
+ended but whose slots are still held.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from plexus.core._errors import CancellationError, KernelError
+from plexus.core._ids import RunId
+from plexus.core._messages import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
+from plexus.core._progress import AgentStep
+from plexus.runtime._orchestration import (
+    TERMINAL,
+    RunRecord,
+    RunStateError,
+    RunStatus,
+    TreeRecord,
+    UsageTotals,
+)
+
+from ._budget import budget_error, read_usage
+from ._events import Announcer, namespace_of
+from ._store import RunStore
+
+__all__ = ["DEADLINE", "Ending", "EngineConfig", "EngineCore", "apply_ending", "tree_error"]
+
+log = logging.getLogger("plexus.orchestrator")
+
+DEADLINE = "deadline"
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    prefix: str = "px"
+    counters_stream: str = "PLEXUS_COUNTERS"
+    events_stream: str = "PLEXUS_EVENTS"
+
+
+@dataclass(slots=True)
+class Ending:
+    """What a tree ending writes into the root and every still-active run."""
+
+    status: RunStatus
+    decision: str
+    error: dict[str, Any] | None = None
+    output: msgspec.Raw | None = None
+    reason: str | None = None
+    usage: UsageTotals = field(default_factory=UsageTotals)
+
+
+def tree_error(record: RunRecord) -> KernelError | None:
+    """The error agents of an ended tree must see (None for a completed one)."""
+    if record.status not in TERMINAL or record.status == RunStatus.COMPLETED:
+        return None
+    if record.error:
+        return KernelError.from_wire(record.error)
+    return CancellationError(record.reason or str(record.status))
+
+
+class EngineCore:
+    """State shared by every operation, and the tree-wide endings (budget, deadline, cancellation)."""
+
+    def __init__(self, nc: NATS, js: JetStreamContext, store: RunStore, config: EngineConfig) -> None:
+        self.nc = nc
+        self.js = js
+        self.store = store
+        self.config = config
+        self.announce = Announcer(nc, js, config.prefix, config.events_stream)
+
+    # -- helpers --------------------------------------------------------------------------------------
+    async def usage(self, root: RunRecord, tree: TreeRecord | None = None) -> UsageTotals:
+        namespaces = {namespace_of(root.agent_id)}
+        if tree is not None:
+            namespaces.update(namespace_of(slot.agent_id) for slot in tree.active.values())
+        return await read_usage(
+            self.js, self.config.counters_stream, self.config.prefix, namespaces, root.run_id
+        )
+
+    async def _root_of(self, record: RunRecord) -> RunRecord:
+        if record.parent_id is None:
+            return record
+        return (await self.store.require_run(record.root_id))[0]
+
+    def _refuse_if_ended(self, root: RunRecord, run: RunRecord, action: str) -> None:
+        error = tree_error(root)
+        if error is not None:
+            raise error
+        if root.status in TERMINAL:
+            raise RunStateError(root.run_id, str(root.status), action)
+        if run.status in TERMINAL:
+            raise RunStateError(run.run_id, str(run.status), action)
+
+    async def _log(
+        self, record: RunRecord, decision: str, entry: RunEvent, step: AgentStep, text: str, **meta: Any
+    ) -> None:
+        root_ns = namespace_of(record.agent_id) if record.parent_id is None else await self._root_ns(record)
+        await self.announce.decision(record, root_ns, decision, entry, step, text, **meta)
+
+    async def _root_ns(self, record: RunRecord) -> str:
+        found = await self.store.get_run(record.root_id)
+        return namespace_of(found[0].agent_id if found else record.agent_id)
+
+    # -- tree-wide endings ----------------------------------------------------------------------------
+    async def check_budget(self, root_id: str) -> bool:
+        found = await self.store.get_run(root_id)
+        if found is None or found[0].parent_id is not None:
+            return False
+        root = found[0]
+        if root.status in TERMINAL or not root.budget:
+            return False
+        tree = await self.store.get_tree(root_id)
+        usage = await self.usage(root, tree[0] if tree else None)
+        error = budget_error(root.budget, usage)
+        if error is None:
+            return False
+        return await self.end_tree(root_id, Ending(RunStatus.FAILED, "budget_exceeded", error.to_wire()))
+
+    async def enforce_deadline(self, root_id: str) -> bool:
+        found = await self.store.get_run(root_id)
+        if found is None:
+            return False
+        root = found[0]
+        if root.status in TERMINAL or root.deadline is None or time.time() < root.deadline:
+            return False
+        error = CancellationError(DEADLINE).to_wire()
+        return await self.end_tree(root_id, Ending(RunStatus.FAILED, DEADLINE, error, reason=DEADLINE))
+
+    async def end_tree(self, root_id: str, ending: Ending) -> bool:
+        """End the whole tree (root first, by CAS: exactly one caller wins); returns whether we won."""
+        found = await self.store.get_run(root_id)
+        if found is None or found[0].status in TERMINAL:
+            return False
+        tree = await self.store.get_tree(root_id)
+        ending.usage = await self.usage(found[0], tree[0] if tree else None)
+        changed = await self.store.update_run(root_id, lambda rec: apply_ending(rec, ending))
+        if not changed.written:
+            return False
+        await self.close_tree(changed.record, ending.decision)
+        return True
+
+    async def close_tree(self, root: RunRecord, decision: str | None = None) -> None:
+        """After the root ended: broadcast, end every still-active run like it, log, clear the slots.
+
+        The broadcast goes first so agents stop at once however large the tree; a repeated close (the
+        sweeper re-runs it for trees whose closing was interrupted) only repeats idempotent steps."""
+        found = await self.store.get_tree(root.run_id)
+        active = dict(found[0].active) if found else {}
+        others = [run_id for run_id in active if run_id != root.run_id]
+        if root.status == RunStatus.COMPLETED:
+            inherited = Ending(
+                RunStatus.CANCELLED,
+                "cancelled",
+                CancellationError("root run completed").to_wire(),
+                reason="root run completed",
+            )
+        else:
+            inherited = Ending(
+                RunStatus(root.status), decision or str(root.status), root.error, reason=root.reason
+            )
+        if root.status != RunStatus.COMPLETED or others:
+            namespaces = {namespace_of(root.agent_id), *(namespace_of(s.agent_id) for s in active.values())}
+            reason = inherited.reason or root.reason or str(root.status)
+            await self.announce.cancel(namespaces, root.run_id, reason, inherited.error)
+        for run_id in others:
+            try:
+                changed = await self.store.update_run(run_id, lambda rec: apply_ending(rec, inherited))
+            except KernelError:
+                continue  # a slot whose run record never got written
+            if changed.written:
+                await self._log_ending(changed.record, inherited)
+        if decision is not None:
+            await self._log_ending(
+                root,
+                Ending(RunStatus(root.status), decision, root.error, root.output, root.reason, root.usage),
+            )
+        if found is not None:
+            await self.store.update_tree(root.run_id, clear_slots)
+
+    async def _log_ending(self, record: RunRecord, ending: Ending) -> None:
+        entry: RunEvent
+        if record.status == RunStatus.COMPLETED:
+            output = msgspec.json.decode(bytes(record.output)) if record.output is not None else None
+            entry = RunCompleted(run_id=RunId(record.run_id), agent_id=record.agent_id, output=output)
+            step, text = AgentStep.DONE, f"run {record.run_id} completed"
+        elif record.status == RunStatus.CANCELLED:
+            entry = RunCancelled(run_id=RunId(record.run_id), agent_id=record.agent_id, reason=record.reason)
+            step, text = AgentStep.ERROR, f"run {record.run_id} cancelled: {record.reason}"
+        else:
+            wire = record.error or KernelError(record.reason or "failed").to_wire()
+            entry = RunFailed(
+                run_id=RunId(record.run_id), agent_id=record.agent_id, error=ErrorInfo.model_validate(wire)
+            )
+            step, text = AgentStep.ERROR, f"run {record.run_id} failed: {record.reason}"
+        usage = msgspec.to_builtins(record.usage)
+        await self._log(record, ending.decision, entry, step, text, reason=record.reason, usage=usage)
+
+
+def apply_ending(rec: RunRecord, ending: Ending) -> bool:
+    if rec.status in TERMINAL:
+        return False
+    rec.status = ending.status
+    rec.error = ending.error
+    rec.output = ending.output
+    if ending.reason is not None:
+        rec.reason = ending.reason
+    elif ending.error is not None:
+        rec.reason = str(ending.error.get("message") or ending.error.get("error_type"))
+    else:
+        rec.reason = None
+    if rec.parent_id is None:
+        rec.usage = ending.usage
+    rec.retry_at = None
+    rec.updated_at = time.time()
+    return True
+
+
+def clear_slots(tree: TreeRecord) -> bool:
+    if not tree.active:
+        return False
+    tree.active = {}
+    return True

@@ -1,0 +1,533 @@
+"""The orchestrator's decisions: start, spawn, finish, crash, cancel, and the tree-wide endings (budget,
+deadline, cancellation).
+
+Nothing here is kept between calls: each operation reads `plexus_runs`, decides, and writes by
+compare-and-swap, so any replica can take any request and a replica killed mid-operation leaves either the
+old state or the new one. Operations are ordered so that a half-finished one is visible and repairable
+(`Sweeper` finishes it): the root's terminal state is written first, then the rest of the tree, then the
+announcements, and only then is the tree's slot table cleared.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import msgspec
+
+from plexus.core._errors import AgentCrashError, CancellationError, KernelError, SpawnDenied
+from plexus.core._ids import RunId
+from plexus.core._messages import RunChildSpawned, RunStarted, RunSuspended
+from plexus.core._progress import AgentStep
+from plexus.core._supervision import SpawnBudget
+from plexus.runtime._envelope import Envelope, RunInfo, encode_envelope, make_headers
+from plexus.runtime._orchestration import (
+    TERMINAL,
+    CancelRequest,
+    CrashReport,
+    FinishedReport,
+    GetRunRequest,
+    InvalidRunRequest,
+    RunRecord,
+    RunStateError,
+    RunStatus,
+    Slot,
+    SpawnReply,
+    SpawnRequest,
+    StartRunReply,
+    StartRunRequest,
+    TreeRecord,
+)
+from plexus.runtime._subjects import Subjects
+
+from . import _validate as v
+from ._budget import budget_error
+from ._endings import DEADLINE, Ending, EngineConfig, EngineCore, apply_ending, tree_error
+from ._events import RunDecision, namespace_of
+from ._spawn import admit, release
+
+__all__ = ["Engine", "EngineConfig", "tree_error"]
+
+log = logging.getLogger("plexus.orchestrator")
+
+
+class Engine(EngineCore):
+    """All state transitions of run trees (see the module docstring)."""
+
+    async def start(self, req: StartRunRequest) -> StartRunReply:
+        agent = v.parse_agent("start", "agent_id", req.agent_id)
+        payload = v.parse_payload("start", req.payload)
+        budget, spawn_budget, retry = v.budgets("start", req.budget, req.spawn_budget, req.retry)
+        priority = v.parse_priority("start", req.priority)
+        session_id = v.parse_session("start", req.session_id)
+        run_id = v.parse_run_id("start", "run_id", req.run_id) if req.run_id else str(RunId.new())
+        existing = await self.store.get_run(run_id)
+        if existing is not None:
+            return await self._repeated_start(existing[0], str(agent))
+        now = time.time()
+        record = RunRecord(
+            run_id=run_id,
+            root_id=run_id,
+            agent_id=str(agent),
+            session_id=session_id,
+            status=RunStatus.PENDING,
+            priority=priority if priority is not None else 2,
+            budget=budget.model_dump(mode="json") if budget else None,
+            spawn_budget=spawn_budget.model_dump(mode="json"),
+            retry=retry.model_dump(mode="json") if retry else None,
+            deadline=now + budget.deadline_s if budget and budget.deadline_s is not None else None,
+            created_at=now,
+            updated_at=now,
+        )
+        # Input first, then the run, then its slots: a replica dying between steps leaves a PENDING run the
+        # sweeper can still dispatch, never a run without its input.
+        await self.store.put_input(run_id, payload)
+        if await self.store.create_run(record) is None:
+            raced = await self.store.require_run(run_id)
+            return await self._repeated_start(raced[0], str(agent))
+        await self.ensure_tree(record)
+        started = await self.dispatch(run_id)
+        return StartRunReply(run_id=run_id, status=started.status if started else record.status)
+
+    async def _repeated_start(self, record: RunRecord, agent: str) -> StartRunReply:
+        if record.parent_id is not None or record.agent_id != agent:
+            raise RunStateError(record.run_id, str(record.status), f"start run {record.run_id} for {agent}")
+        if record.status == RunStatus.PENDING and record.attempts == 0:
+            dispatched = await self.dispatch(record.run_id)  # the first start died before dispatching
+            if dispatched is not None:
+                record = dispatched
+        return StartRunReply(run_id=record.run_id, status=record.status)
+
+    async def ensure_tree(self, root: RunRecord) -> TreeRecord:
+        found = await self.store.get_tree(root.run_id)
+        if found is not None:
+            return found[0]
+        spawn = SpawnBudget.model_validate(root.spawn_budget or {})
+        tree = TreeRecord(
+            root_id=root.run_id,
+            max_agents=spawn.max_agents,
+            allow_preempt=spawn.allow_preempt,
+            active={},
+            spawned_total=1,
+        )
+        if root.status not in TERMINAL:
+            tree.active[root.run_id] = Slot(agent_id=root.agent_id, priority=root.priority)
+        if await self.store.create_tree(tree) is None:
+            again = await self.store.get_tree(root.run_id)
+            assert again is not None
+            return again[0]
+        return tree
+
+    async def dispatch(self, run_id: str) -> RunRecord | None:
+        """Publish a PENDING root's first envelope and mark it RUNNING (idempotent: fixed message id)."""
+        found = await self.store.get_run(run_id)
+        if found is None:
+            return None
+        record = found[0]
+        if record.status != RunStatus.PENDING or record.attempts != 0 or record.parent_id is not None:
+            return record
+        payload = await self.store.get_input(run_id)
+        if payload is None:
+            await self.end_tree(
+                run_id,
+                Ending(
+                    RunStatus.FAILED,
+                    "failed",
+                    InvalidRunRequest("start", "the run's input is missing").to_wire(),
+                ),
+            )
+            return (await self.store.require_run(run_id))[0]
+        agent = v.parse_agent("start", "agent_id", record.agent_id)
+        now = time.time()
+        env = Envelope(
+            # Fixed per run: two replicas dispatching the same run publish one message (JetStream dedupe).
+            id=f"start-{run_id}",
+            kind="send",
+            target=record.agent_id,
+            payload=msgspec.Raw(payload),
+            run=RunInfo(
+                run_id=run_id,
+                root_id=run_id,
+                depth=0,
+                priority=record.priority,
+                session_id=record.session_id,
+                deadline=record.deadline,
+                budget=record.budget,
+                orchestrated=True,
+                retry=record.retry,
+            ),
+            sent_at=now,
+            deadline=record.deadline,
+        )
+        subject = Subjects(namespace=agent.namespace, prefix=self.config.prefix).inbox(agent.type, agent.key)
+        await self.js.publish(subject, encode_envelope(env), headers=make_headers(env))
+
+        def running(rec: RunRecord) -> bool:
+            if rec.status != RunStatus.PENDING or rec.attempts != 0:
+                return False  # already finished or crashed meanwhile: that news is newer than ours
+            rec.status = RunStatus.RUNNING
+            rec.attempts = 1
+            rec.updated_at = time.time()
+            return True
+
+        changed = await self.store.update_run(run_id, running)
+        if changed.written:
+            await self._log(
+                changed.record,
+                "started",
+                RunStarted(run_id=RunId(run_id), agent_id=record.agent_id, root_run_id=RunId(run_id)),
+                AgentStep.STARTED,
+                f"run {run_id} started on {record.agent_id}",
+            )
+        return changed.record
+
+    # -- spawn ----------------------------------------------------------------------------------------
+    async def spawn(self, req: SpawnRequest) -> SpawnReply:
+        parent_id = v.parse_run_id("spawn", "parent_run_id", req.parent_run_id)
+        root_id = v.parse_run_id("spawn", "root_id", req.root_id)
+        parent_agent = str(v.parse_agent("spawn", "parent_agent", req.parent_agent))
+        child_agent = str(v.parse_agent("spawn", "child_agent", req.child_agent))
+        priority = v.parse_priority("spawn", req.priority)
+        wanted = v.parse_run_id("spawn", "child_run_id", req.child_run_id) if req.child_run_id else None
+        parent, _ = await self.store.require_run(parent_id)
+        if parent.root_id != root_id:
+            raise InvalidRunRequest(
+                "spawn", f"run {parent_id} belongs to tree {parent.root_id}, not {root_id}"
+            )
+        if parent.agent_id != parent_agent:
+            raise InvalidRunRequest(
+                "spawn", f"run {parent_id} is run by {parent.agent_id}, not {parent_agent}"
+            )
+        root = await self._root_of(parent)
+        self._refuse_if_ended(root, parent, "spawn a child")
+        await self._enforce_now(root)
+        child_priority = priority if priority is not None else parent.priority
+
+        child, revision = await self._child_record(wanted, parent, root, child_agent, child_priority)
+        if child.status != RunStatus.PENDING:
+            return self._spawn_reply(child, root, None)  # a retried spawn that was admitted before
+        protected = await self._ancestors(parent)
+        await self.ensure_tree(root)
+        outcome: list[Any] = []
+
+        def take_slot(tree: TreeRecord) -> bool:
+            outcome[:] = [admit(tree, child.run_id, child.agent_id, child.priority, protected)]
+            return bool(outcome[0].changed)
+
+        await self.store.update_tree(root.run_id, take_slot)
+        admission = outcome[0]
+        if not admission.admitted:
+            await self.store.delete_run(child.run_id, revision)
+            budget = root.spawn_budget or SpawnBudget().model_dump(mode="json")
+            denied = SpawnDenied(parent.run_id, budget)
+            await self._log(
+                parent,
+                "spawn_denied",
+                RunDecision(
+                    run_id=RunId(parent.run_id),
+                    agent_id=parent.agent_id,
+                    decision="spawn_denied",
+                    detail=f"{child_agent}: {denied}",
+                ),
+                AgentStep.ERROR,
+                str(denied),
+                child_agent=child_agent,
+            )
+            raise denied
+
+        def admitted(rec: RunRecord) -> bool:
+            if rec.status != RunStatus.PENDING:
+                return False
+            rec.status = RunStatus.RUNNING
+            rec.attempts = max(rec.attempts, 1)
+            rec.updated_at = time.time()
+            return True
+
+        child = (await self.store.update_run(child.run_id, admitted)).record
+
+        def adopt(rec: RunRecord) -> bool:
+            if child.run_id in rec.children:
+                return False
+            rec.children.append(child.run_id)
+            rec.updated_at = time.time()
+            return True
+
+        await self.store.update_run(parent.run_id, adopt)
+        # The tree may have ended between our check and the admission: then the child ends with it.
+        latest_root = (await self.store.require_run(root.run_id))[0]
+        if latest_root.status in TERMINAL:
+            await self.close_tree(latest_root)
+            self._refuse_if_ended(latest_root, parent, "spawn a child")
+        if admission.preempted:
+            await self._pause(root, admission.preempted, child.run_id)
+        await self._log(
+            parent,
+            "spawned",
+            RunChildSpawned(
+                run_id=RunId(parent.run_id),
+                agent_id=parent.agent_id,
+                child_run_id=RunId(child.run_id),
+                child_agent_id=child.agent_id,
+            ),
+            AgentStep.HANDOFF,
+            f"spawned {child.agent_id} as run {child.run_id}",
+            child_run_id=child.run_id,
+            preempted=admission.preempted,
+        )
+        return self._spawn_reply(child, root, admission.preempted)
+
+    async def _child_record(
+        self, wanted: str | None, parent: RunRecord, root: RunRecord, agent: str, priority: int
+    ) -> tuple[RunRecord, int]:
+        if wanted is not None:
+            found = await self.store.get_run(wanted)
+            if found is not None:
+                if found[0].parent_id != parent.run_id or found[0].agent_id != agent:
+                    raise InvalidRunRequest(
+                        "spawn", f"run {wanted} exists and is not {agent} under {parent.run_id}"
+                    )
+                return found
+        now = time.time()
+        record = RunRecord(
+            run_id=wanted or str(RunId.new()),
+            root_id=root.run_id,
+            parent_id=parent.run_id,
+            depth=parent.depth + 1,
+            agent_id=agent,
+            session_id=root.session_id,
+            status=RunStatus.PENDING,  # until admitted; a denied child is deleted again
+            priority=priority,
+            budget=root.budget,
+            spawn_budget=root.spawn_budget,
+            retry=root.retry,
+            deadline=root.deadline,
+            created_at=now,
+            updated_at=now,
+        )
+        revision = await self.store.create_run(record)
+        if revision is None:  # the same retried spawn raced with itself
+            return await self._child_record(record.run_id, parent, root, agent, priority)
+        return record, revision
+
+    def _spawn_reply(self, child: RunRecord, root: RunRecord, preempted: str | None) -> SpawnReply:
+        assert child.parent_id is not None
+        return SpawnReply(
+            run_id=child.run_id,
+            root_id=root.run_id,
+            parent_id=child.parent_id,
+            depth=child.depth,
+            priority=child.priority,
+            session_id=root.session_id,
+            deadline=root.deadline,
+            budget=root.budget,
+            retry=root.retry,
+            preempted=preempted,
+        )
+
+    async def _ancestors(self, run: RunRecord) -> set[str]:
+        chain = {run.run_id, run.root_id}
+        current = run
+        while current.parent_id is not None and current.parent_id not in chain - {run.run_id}:
+            chain.add(current.parent_id)
+            found = await self.store.get_run(current.parent_id)
+            if found is None:
+                break
+            current = found[0]
+        return chain
+
+    async def _enforce_now(self, root: RunRecord) -> None:
+        """Spawning is a natural check point: end the tree here if the sweeper has not got to it yet."""
+        if root.deadline is not None and time.time() >= root.deadline:
+            await self.enforce_deadline(root.run_id)
+            raise CancellationError(DEADLINE)
+        if root.budget:
+            tree = await self.store.get_tree(root.run_id)
+            error = budget_error(root.budget, await self.usage(root, tree[0] if tree else None))
+            if error is not None:
+                await self.check_budget(root.run_id)
+                raise error
+
+    async def _pause(self, root: RunRecord, run_id: str, by: str) -> None:
+        reason = f"preempted by run {by}"
+
+        def suspend(rec: RunRecord) -> bool:
+            if rec.status not in (RunStatus.RUNNING, RunStatus.PENDING):
+                return False
+            rec.status = RunStatus.SUSPENDED
+            rec.reason = reason
+            rec.updated_at = time.time()
+            return True
+
+        changed = await self.store.update_run(run_id, suspend)
+        victim = changed.record
+        await self.announce.pause(namespace_of(victim.agent_id), root.run_id, run_id, paused=True)
+        if changed.written:
+            await self._log(
+                victim,
+                "preempted",
+                RunSuspended(run_id=RunId(run_id), agent_id=victim.agent_id, reason=reason),
+                AgentStep.PAUSED,
+                f"run {run_id} ({victim.agent_id}) paused: {reason}",
+                preempted_by=by,
+            )
+
+    async def _resume(self, root_id: str, run_id: str) -> None:
+        def wake(rec: RunRecord) -> bool:
+            if rec.status != RunStatus.SUSPENDED:
+                return False
+            rec.status = RunStatus.RUNNING
+            rec.reason = None
+            rec.updated_at = time.time()
+            return True
+
+        changed = await self.store.update_run(run_id, wake)
+        record = changed.record
+        await self.announce.pause(namespace_of(record.agent_id), root_id, run_id, paused=False)
+        if changed.written:
+            await self._log(
+                record,
+                "resumed",
+                RunDecision(run_id=RunId(run_id), agent_id=record.agent_id, decision="resumed"),
+                AgentStep.STARTED,
+                f"run {run_id} ({record.agent_id}) resumed: a slot was released",
+            )
+
+    async def release_slots(self, root_id: str, run_ids: list[str]) -> None:
+        resumed: list[str] = []
+
+        def free(tree: TreeRecord) -> bool:
+            changed, woken = release(tree, run_ids)
+            resumed[:] = woken
+            return changed
+
+        try:
+            await self.store.update_tree(root_id, free)
+        except KernelError:
+            return  # no tree record: nothing held a slot
+        for run_id in resumed:
+            try:
+                await self._resume(root_id, run_id)
+            except KernelError:
+                log.warning("resumed run %s has no record", run_id)
+
+    # -- reports --------------------------------------------------------------------------------------
+    async def finished(self, rep: FinishedReport) -> RunRecord:
+        run_id = v.parse_run_id("finished", "run_id", rep.run_id)
+        error = v.parse_error("finished", rep.error)
+        output = msgspec.Raw(v.parse_payload("finished", rep.output)) if rep.output is not None else None
+        record, _ = await self.store.require_run(run_id)
+        if record.status in TERMINAL:
+            # A repeated or late report: the first one decided. Its replica may have died before freeing
+            # the slot, though, and the reporter retries exactly then.
+            await self._settle_slot(record)
+            return record
+        status = RunStatus(rep.status)
+        if status != RunStatus.COMPLETED and error is None:
+            error = (
+                CancellationError("cancelled") if status == RunStatus.CANCELLED else KernelError("run failed")
+            ).to_wire()
+        decision = {RunStatus.COMPLETED: "completed", RunStatus.CANCELLED: "cancelled"}.get(status, "failed")
+        ending = Ending(status, decision, error if status != RunStatus.COMPLETED else None, output)
+        return await self._end_run(record, ending)
+
+    async def crashed(self, rep: CrashReport) -> RunRecord:
+        run_id = v.parse_run_id("crashed", "run_id", rep.run_id)
+        agent = str(v.parse_agent("crashed", "agent_id", rep.agent_id))
+        if rep.attempt < 1 or rep.backoff_s < 0:
+            raise InvalidRunRequest("crashed", "attempt must be >= 1 and backoff_s >= 0")
+        record, _ = await self.store.require_run(run_id)
+        if record.agent_id != agent:
+            raise InvalidRunRequest("crashed", f"run {run_id} is run by {record.agent_id}, not {agent}")
+        if record.status in TERMINAL:
+            await self._settle_slot(record)
+            return record
+        if rep.decision == "exhausted":
+            error = AgentCrashError(run_id, agent).to_wire()
+            return await self._end_run(record, Ending(RunStatus.FAILED, "crash_exhausted", error))
+        reason = f"attempt {rep.attempt - 1} crashed; attempt {rep.attempt} in {rep.backoff_s:g}s"
+
+        def retry(rec: RunRecord) -> bool:
+            if rec.status in TERMINAL or rec.attempts >= rep.attempt:
+                return False  # terminal, or this crash was reported already
+            now = time.time()
+            rec.status = RunStatus.PENDING
+            rec.attempts = rep.attempt
+            rec.reason = reason
+            rec.retry_at = now + rep.backoff_s
+            rec.updated_at = now
+            return True
+
+        changed = await self.store.update_run(run_id, retry)
+        if changed.written:
+            await self._log(
+                changed.record,
+                "retry_scheduled",
+                RunDecision(run_id=RunId(run_id), agent_id=agent, decision="retry_scheduled", detail=reason),
+                AgentStep.ERROR,
+                f"run {run_id}: {reason}",
+                attempt=rep.attempt,
+                backoff_s=rep.backoff_s,
+            )
+        return changed.record
+
+    async def retry_started(self, run_id: str) -> None:
+        """A crashed run's backoff has elapsed: its next attempt is running (PENDING → RUNNING)."""
+
+        def run(rec: RunRecord) -> bool:
+            if rec.status != RunStatus.PENDING or rec.retry_at is None or rec.retry_at > time.time():
+                return False
+            rec.status = RunStatus.RUNNING
+            rec.retry_at = None
+            rec.updated_at = time.time()
+            return True
+
+        changed = await self.store.update_run(run_id, run)
+        if changed.written:
+            record = changed.record
+            await self._log(
+                record,
+                "retry_started",
+                RunDecision(run_id=RunId(run_id), agent_id=record.agent_id, decision="retry_started"),
+                AgentStep.STARTED,
+                f"run {run_id}: attempt {record.attempts} started",
+                attempt=record.attempts,
+            )
+
+    async def abandon_spawn(self, child: RunRecord) -> RunRecord:
+        """Fail an admitted child whose spawn never completed (its spawner got no answer)."""
+        error = KernelError(f"spawn of {child.agent_id} was interrupted and not retried").to_wire()
+        return await self._end_run(child, Ending(RunStatus.FAILED, "spawn_abandoned", error))
+
+    async def _settle_slot(self, record: RunRecord) -> None:
+        """Free the slot of an ended child if it still holds one (idempotent)."""
+        if record.parent_id is not None and record.status in TERMINAL:
+            await self.release_slots(record.root_id, [record.run_id])
+
+    async def _end_run(self, record: RunRecord, ending: Ending) -> RunRecord:
+        if record.parent_id is None:
+            await self.end_tree(record.run_id, ending)
+            return (await self.store.require_run(record.run_id))[0]
+        changed = await self.store.update_run(record.run_id, lambda rec: apply_ending(rec, ending))
+        if changed.written:
+            await self._log_ending(changed.record, ending)
+            await self.release_slots(record.root_id, [record.run_id])
+        return changed.record
+
+    async def cancel(self, req: CancelRequest) -> RunRecord:
+        run_id = v.parse_run_id("cancel", "run_id", req.run_id)
+        reason = v.parse_text("cancel", "reason", req.reason) or "cancelled"
+        record, _ = await self.store.require_run(run_id)
+        root = await self._root_of(record)
+        if root.status not in TERMINAL:
+            error = CancellationError(reason).to_wire()
+            await self.end_tree(root.run_id, Ending(RunStatus.CANCELLED, "cancelled", error, reason=reason))
+        return (await self.store.require_run(run_id))[0]
+
+    async def get(self, req: GetRunRequest) -> RunRecord:
+        run_id = v.parse_run_id("get", "run_id", req.run_id)
+        record, _ = await self.store.require_run(run_id)
+        if record.parent_id is None and record.status not in TERMINAL:
+            tree = await self.store.get_tree(run_id)
+            record.usage = await self.usage(record, tree[0] if tree else None)  # live totals
+        return record

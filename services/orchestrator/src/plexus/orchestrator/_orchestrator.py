@@ -1,0 +1,144 @@
+"""`Orchestrator`: one replica of the service — endpoints, budget watcher, index and sweeper on one
+connection. Start as many as you like; they share nothing but JetStream."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+from nats.js.errors import BucketNotFoundError, NotFoundError
+from nats.js.kv import KeyValue
+
+from plexus.runtime._topology import TopologyNames, ensure_topology
+
+from ._budget import BudgetWatcher
+from ._engine import Engine, EngineConfig
+from ._service import OrchestratorService
+from ._store import RunStore
+from ._sweeper import RunIndex, Sweeper, SweeperConfig
+
+__all__ = ["Orchestrator", "OrchestratorConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class OrchestratorConfig:
+    """``namespace`` None serves every namespace; ``partitions`` is only used when this replica is the
+    first Plexus process on the cluster and has to create the topology."""
+
+    prefix: str = "px"
+    namespace: str | None = None
+    partitions: int = 16
+    names: TopologyNames = field(default_factory=TopologyNames)
+    sweeper: SweeperConfig = field(default_factory=SweeperConfig)
+
+
+class Orchestrator:
+    """Use ``async with await Orchestrator.connect(url) as orch`` or `start`/`stop` explicitly."""
+
+    def __init__(
+        self, nc: NATS, config: OrchestratorConfig | None = None, *, own_connection: bool = False
+    ) -> None:
+        self.nc = nc
+        self.js: JetStreamContext = nc.jetstream()
+        self.config = config or OrchestratorConfig()
+        self._own_connection = own_connection
+        self.store: RunStore | None = None
+        self.engine: Engine | None = None
+        self.index: RunIndex | None = None
+        self.sweeper: Sweeper | None = None
+        self.watcher: BudgetWatcher | None = None
+        self.service: OrchestratorService | None = None
+
+    @classmethod
+    async def connect(cls, url: str | list[str], config: OrchestratorConfig | None = None) -> Orchestrator:
+        servers = [url] if isinstance(url, str) else url
+        nc = await nats.connect(servers=servers, name="plexus-orchestrator", max_reconnect_attempts=-1)
+        return cls(nc, config, own_connection=True)
+
+    @property
+    def id(self) -> str:
+        """The micro-service instance id (as in ``$SRV.PING``)."""
+        return self.service.service.id if self.service and self.service.service else ""
+
+    async def _runs_bucket(self) -> KeyValue:
+        names = self.config.names
+        try:
+            kv = await self.js.key_value(names.runs_bucket)
+            for stream in (
+                names.counters_stream,
+                names.events_stream,
+                names.progress_stream,
+                names.inbox_stream,
+            ):
+                await self.js.stream_info(stream)
+            return kv
+        except (BucketNotFoundError, NotFoundError):
+            # First Plexus process on this cluster. Only then do we create the topology: reconciling an
+            # existing one with our defaults would reset settings the workers chose (TTLs, partitions).
+            topology = await ensure_topology(
+                self.js, prefix=self.config.prefix, partitions=self.config.partitions, names=names
+            )
+            return topology.runs
+
+    async def start(self) -> Orchestrator:
+        kv = await self._runs_bucket()
+        names = self.config.names
+        self.store = RunStore(kv)
+        self.engine = Engine(
+            self.nc,
+            self.js,
+            self.store,
+            EngineConfig(
+                prefix=self.config.prefix,
+                counters_stream=names.counters_stream,
+                events_stream=names.events_stream,
+            ),
+        )
+        self.index = RunIndex(kv)
+        await self.index.start()
+        self.watcher = BudgetWatcher(self.nc, self.config.prefix, self._budget_moved)
+        await self.watcher.start()
+        self.sweeper = Sweeper(self.engine, self.index, self.config.sweeper)
+        self.sweeper.start()
+        self.service = OrchestratorService(self.nc, self.engine, self.config.prefix, self.config.namespace)
+        await self.service.start()
+        await self.nc.flush()
+        return self
+
+    async def _budget_moved(self, root_id: str) -> None:
+        assert self.engine is not None
+        assert self.index is not None
+        known = self.index.runs.get(root_id)
+        if known is not None and (known.parent_id is not None or not known.budget):
+            return  # a live tree without a budget: nothing to compare (unknown ones are read from the KV)
+        await self.engine.check_budget(root_id)
+
+    async def stop(self) -> None:
+        """Stop taking requests, then stop the background duties; other replicas carry on."""
+        for part in (self.service, self.watcher, self.sweeper, self.index):
+            if part is not None:
+                with contextlib.suppress(Exception):
+                    await part.stop()
+        if self._own_connection:
+            with contextlib.suppress(Exception):
+                await self.nc.drain()
+
+    async def __aenter__(self) -> Orchestrator:
+        if self.service is None:
+            await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+    async def serve_forever(self, stop: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await stop.wait()
+        finally:
+            await self.stop()

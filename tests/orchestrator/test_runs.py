@@ -1,0 +1,286 @@
+"""Runs through the orchestrator service: start, finish, crash retries, budgets, deadlines, cancellation."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import msgspec
+import pytest
+
+from plexus.core import (
+    AgentCrashError,
+    AgentId,
+    BudgetExhaustedError,
+    CancellationError,
+    ExecutionBudget,
+    KernelError,
+    Priority,
+    RetryPolicy,
+    TextBlock,
+)
+from plexus.orchestrator import ORCHESTRATOR_TYPE, Orchestrator, RunDecision
+from plexus.runtime import Runtime
+from plexus.runtime._envelope import blocks_from_payload, decode_envelope, payload_from_blocks
+from plexus.runtime._eventlog import EventLog
+from plexus.runtime._orchestration import (
+    CrashReport,
+    FinishedReport,
+    RunRecord,
+    RunStatus,
+    SpawnReply,
+    SpawnRequest,
+    budget_counter_subject,
+    tree_key,
+)
+from plexus.runtime._subjects import Subjects, escape_token, inbox_partition
+
+from .conftest import Broadcasts, StartReplica, call, decisions, wait_status
+
+ECHO = AgentId("echo", "k1")
+
+
+async def orch_log(rt: Runtime, root_id: str) -> list[object]:
+    log = EventLog(rt.js, Subjects().evlog(ORCHESTRATOR_TYPE, root_id))
+    return [record.entry for record in await log.read()]
+
+
+async def incr(rt: Runtime, root_id: str, dimension: str, delta: int) -> int:
+    subject = budget_counter_subject("px", "default", escape_token(root_id), dimension)
+    reply = await rt.nc.request(subject, b"", headers={"Nats-Incr": str(delta)}, timeout=5)
+    return int(json.loads(reply.data)["val"])
+
+
+# -- start ------------------------------------------------------------------------------------------------
+async def test_start_persists_the_run_and_publishes_the_root_envelope(
+    orch: Orchestrator, rt: Runtime
+) -> None:
+    statuses: list[str] = []
+    watcher = await rt.topology.runs.watch("run.>")
+
+    budget = ExecutionBudget(max_tokens=4000, deadline_s=60)
+    retry = RetryPolicy(max_retries=2)
+    run_id = await rt.start_run(
+        ECHO, [TextBlock(text="hi")], budget=budget, retry=retry, priority=Priority.HIGH, session_id="s1"
+    )
+    record = await rt.get_run(run_id)
+    assert record.status == RunStatus.RUNNING
+    assert (record.run_id, record.root_id, record.parent_id, record.depth) == (run_id, run_id, None, 0)
+    assert record.agent_id == "echo/k1"
+    assert record.session_id == "s1"
+    assert record.priority == 4
+    assert record.attempts == 1
+    assert record.deadline == pytest.approx(record.created_at + 60)
+    assert record.budget == budget.model_dump(mode="json")
+    assert record.retry == retry.model_dump(mode="json")
+
+    # Both transitions went through the store: PENDING first, then RUNNING.
+    async with asyncio.timeout(5):
+        while len(statuses) < 2:
+            entry = await watcher.updates(timeout=5)  # type: ignore[no-untyped-call]
+            if entry is not None and entry.value:
+                statuses.append(msgspec.json.decode(entry.value, type=RunRecord).status)
+    await watcher.stop()  # type: ignore[no-untyped-call]
+    assert statuses == ["pending", "running"]
+
+    subject = Subjects().inbox_partitioned("echo", inbox_partition("k1", 16), "k1")
+    msg = await rt.js.get_last_msg("PLEXUS_INBOX", subject)
+    env = decode_envelope(msg.data or b"", msg.headers)
+    assert env.sender is None
+    assert env.kind == "send"
+    assert env.target == "echo/k1"
+    assert blocks_from_payload(env.payload) == [TextBlock(text="hi")]
+    assert env.run is not None
+    assert env.run.run_id == env.run.root_id == run_id
+    assert env.run.depth == 0
+    assert env.run.parent_id is None
+    assert env.run.orchestrated is True
+    assert env.run.priority == 4
+    assert env.run.session_id == "s1"
+    assert env.run.budget == record.budget
+    assert env.run.retry == record.retry
+    assert env.run.deadline == record.deadline
+
+    entries = await orch_log(rt, run_id)
+    assert [type(e).__name__ for e in entries] == ["RunStarted"]
+    assert await decisions(rt, run_id) == ["started"]
+
+
+async def test_a_repeated_start_with_the_same_id_is_the_same_run(orch: Orchestrator, rt: Runtime) -> None:
+    first = await rt.start_run(ECHO, [TextBlock(text="once")], run_id="run-fixed-1")
+    again = await rt.start_run(ECHO, [TextBlock(text="once")], run_id="run-fixed-1")
+    assert first == again == "run-fixed-1"
+    info = await rt.js.stream_info("PLEXUS_INBOX")
+    assert info.state.messages == 1  # one envelope: the second start neither re-created nor re-sent
+    with pytest.raises(KernelError) as err:
+        await rt.start_run(AgentId("other", "k"), [TextBlock(text="x")], run_id="run-fixed-1")
+    assert err.value.error_type == "RunStateError"
+
+
+async def test_finished_completes_the_run_with_its_output(orch: Orchestrator, rt: Runtime) -> None:
+    run_id = await rt.start_run(ECHO, [TextBlock(text="hi")])
+    output = payload_from_blocks([TextBlock(text="done")])
+    record = await call(
+        rt, "finished", FinishedReport(run_id=run_id, status="completed", output=output), RunRecord
+    )
+    assert record.status == RunStatus.COMPLETED
+    assert record.output is not None
+    assert blocks_from_payload(record.output) == [TextBlock(text="done")]
+    stored = await rt.wait_run(run_id, timeout=5)
+    assert stored.status == RunStatus.COMPLETED
+    assert stored.error is None
+    # A late or repeated report changes nothing.
+    again = await call(rt, "finished", FinishedReport(run_id=run_id, status="failed"), RunRecord)
+    assert again.status == RunStatus.COMPLETED
+    assert [type(e).__name__ for e in await orch_log(rt, run_id)] == ["RunStarted", "RunCompleted"]
+    assert await decisions(rt, run_id) == ["started", "completed"]
+    tree = await rt.topology.runs.get(tree_key(escape_token(run_id)))
+    assert json.loads(tree.value or b"{}").get("active", {}) == {}
+
+
+async def test_a_failed_root_fails_with_the_reported_error(orch: Orchestrator, rt: Runtime) -> None:
+    run_id = await rt.start_run(ECHO, [TextBlock(text="hi")])
+    error = KernelError("boom").to_wire()
+    record = await call(
+        rt, "finished", FinishedReport(run_id=run_id, status="failed", error=error), RunRecord
+    )
+    assert record.status == RunStatus.FAILED
+    assert record.error == error
+    assert record.reason == "boom"
+
+
+# -- budgets ----------------------------------------------------------------------------------------------
+async def test_crossing_the_token_budget_fails_the_tree_and_broadcasts_the_error(
+    orch: Orchestrator, rt: Runtime, broadcasts: Broadcasts
+) -> None:
+    run_id = await rt.start_run(ECHO, [TextBlock(text="hi")], budget=ExecutionBudget(max_tokens=4000))
+    assert await incr(rt, run_id, "tokens", 3000) == 3000
+    assert await incr(rt, run_id, "turns", 5) == 5
+    assert (await rt.get_run(run_id)).status == RunStatus.RUNNING
+    assert await incr(rt, run_id, "tokens", 1200) == 4200
+
+    notice = await broadcasts.next_cancel()
+    expected = BudgetExhaustedError("tokens", 4200, 4000)
+    assert notice["root_id"] == run_id
+    assert notice["run_id"] == run_id
+    assert notice["error"] == expected.to_wire()
+    assert KernelError.from_wire(notice["error"]) == expected
+    record = await wait_status(rt, run_id, "failed")
+    assert record.reason == "Token budget exceeded: 4200 > 4000"
+    assert record.error == expected.to_wire()
+    assert record.usage.tokens == 4200
+    assert record.usage.turns == 5
+
+    # From now on every agent of the tree gets the same error, e.g. when it tries to spawn.
+    with pytest.raises(BudgetExhaustedError) as err:
+        await call(
+            rt,
+            "spawn",
+            SpawnRequest(parent_run_id=run_id, root_id=run_id, parent_agent="echo/k1", child_agent="w/1"),
+            SpawnReply,
+        )
+    assert err.value == expected
+    entries = await orch_log(rt, run_id)
+    failed = [e for e in entries if type(e).__name__ == "RunFailed"]
+    assert len(failed) == 1
+    assert "budget_exceeded" in await decisions(rt, run_id)
+
+
+async def test_cost_and_turn_budgets_are_enforced_too(orch: Orchestrator, rt: Runtime) -> None:
+    cost_run = await rt.start_run(ECHO, [TextBlock(text="a")], budget=ExecutionBudget(max_cost_usd=0.5))
+    await incr(rt, cost_run, "cost_micros", 600_000)
+    record = await wait_status(rt, cost_run, "failed")
+    assert record.reason == "Cost budget exceeded: 0.6 > 0.5"
+
+    turn_run = await rt.start_run(ECHO, [TextBlock(text="b")], budget=ExecutionBudget(max_turns=3))
+    await incr(rt, turn_run, "turns", 4)
+    record = await wait_status(rt, turn_run, "failed")
+    assert record.reason == "Turn budget exceeded: 4 > 3"
+
+
+async def test_the_budget_backstop_catches_a_crossing_nobody_delivered(
+    replicas: StartReplica, rt: Runtime
+) -> None:
+    # The counter moves while no replica runs, so no increment is delivered to any: the periodic recheck
+    # of the replica started afterwards must find the crossing.
+    run_id = "run-backstop"
+    first = await replicas()
+    await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=10), run_id=run_id)
+    await first.stop()
+    await incr(rt, run_id, "tokens", 11)
+    await replicas()
+    record = await wait_status(rt, run_id, "failed")
+    assert record.reason == "Token budget exceeded: 11 > 10"
+
+
+# -- deadlines and cancellation ---------------------------------------------------------------------------
+async def test_a_deadline_holds_without_any_agent(
+    orch: Orchestrator, rt: Runtime, broadcasts: Broadcasts
+) -> None:
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(deadline_s=0.3))
+    notice = await broadcasts.next_cancel()
+    assert notice["root_id"] == run_id
+    assert notice["reason"] == "deadline"
+    assert notice["error"] == CancellationError("deadline").to_wire()
+    record = await wait_status(rt, run_id, "failed")
+    assert record.error == CancellationError("deadline").to_wire()
+    assert record.reason == "deadline"
+    assert "deadline" in await decisions(rt, run_id)
+
+
+async def test_cancel_reaches_the_whole_tree_within_a_second(
+    orch: Orchestrator, rt: Runtime, broadcasts: Broadcasts
+) -> None:
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")])
+    child = await call(
+        rt,
+        "spawn",
+        SpawnRequest(parent_run_id=run_id, root_id=run_id, parent_agent="echo/k1", child_agent="w/1"),
+        SpawnReply,
+    )
+    started = time.monotonic()
+    record = await rt.cancel_run(child.run_id, reason="user pressed stop")  # any run of the tree
+    notice = await broadcasts.next_cancel(timeout=1.0)
+    assert time.monotonic() - started < 1.0
+    assert notice["root_id"] == run_id
+    assert notice["error"] == CancellationError("user pressed stop").to_wire()
+    assert record.status == RunStatus.CANCELLED
+    root = await rt.get_run(run_id)
+    assert root.status == RunStatus.CANCELLED
+    assert root.reason == "user pressed stop"
+    # Persisted for agents that start later: a repeated cancel is a no-op that reports the state.
+    again = await rt.cancel_run(run_id, reason="again")
+    assert again.status == RunStatus.CANCELLED
+    assert again.reason == "user pressed stop"
+    assert [type(e).__name__ for e in await orch_log(rt, run_id)].count("RunCancelled") == 2  # root + child
+
+
+# -- crashes ----------------------------------------------------------------------------------------------
+async def test_a_crashed_attempt_goes_back_to_pending_then_running(orch: Orchestrator, rt: Runtime) -> None:
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], retry=RetryPolicy(max_retries=2))
+    report = CrashReport(
+        run_id=run_id,
+        agent_id="echo/k1",
+        message_id=f"start-{run_id}",
+        attempt=2,
+        decision="retry",
+        backoff_s=0.3,
+    )
+    record = await call(rt, "crashed", report, RunRecord)
+    assert record.status == RunStatus.PENDING
+    assert record.attempts == 2
+    assert record.retry_at is not None
+    record = await wait_status(rt, run_id, "running")
+    assert record.attempts == 2
+    assert record.retry_at is None
+    exhausted = CrashReport(
+        run_id=run_id, agent_id="echo/k1", message_id=f"start-{run_id}", attempt=3, decision="exhausted"
+    )
+    record = await call(rt, "crashed", exhausted, RunRecord)
+    assert record.status == RunStatus.FAILED
+    assert record.error == AgentCrashError(run_id, "echo/k1").to_wire()
+    names = [type(e).__name__ for e in await orch_log(rt, run_id)]
+    assert names == ["RunStarted", "RunDecision", "RunDecision", "RunFailed"]
+    entries = await orch_log(rt, run_id)
+    assert [e.decision for e in entries if isinstance(e, RunDecision)] == ["retry_scheduled", "retry_started"]
