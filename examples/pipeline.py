@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 
-from plexus.core import AgentId, BaseBlock, TextBlock
+from plexus.core import AgentId, BaseBlock, ExecutionBudget, SpawnBudget, TextBlock
 from plexus.runtime import Agent, App, Context, Runtime, new_root_run
 
 app = App()
@@ -75,3 +75,29 @@ async def main(rt: Runtime) -> None:
     print("agent types (queried from the cluster registry, nothing instantiated):")
     for info in types:
         print(f"  {info.type:<12} capabilities={info.capabilities} durable={info.durable}")
+    await budgeted(rt)
+
+
+async def budgeted(rt: Runtime) -> None:
+    """The same tree under the orchestrator with a 200-token budget: it fails cluster-wide when crossed."""
+    run_id = await rt.start_run(
+        AgentId("coordinator", "budgeted"),
+        [TextBlock(text="Why is the sky blue?")],
+        budget=ExecutionBudget(max_tokens=200),
+        spawn_budget=SpawnBudget(max_agents=10),
+    )
+    print(f"\nrun {run_id}: same tree, orchestrated, max_tokens=200 (each researcher uses 120)")
+
+    async def watch() -> None:
+        async for event in rt.progress(run_id):
+            indent = "  " * event.depth
+            print(
+                f"  {indent}{event.agent_id:<22} {event.step.value:<9} {_text(event.content)[:60]}",
+                flush=True,
+            )
+
+    watcher = asyncio.create_task(watch())
+    record = await rt.wait_run(run_id, timeout=60)
+    await asyncio.sleep(0.3)  # let the last progress events print
+    watcher.cancel()
+    print(f"run {run_id}: {record.status.value} — {record.reason}")

@@ -167,6 +167,16 @@ def _worker_process(app_spec: str, url: str, concurrency: int) -> subprocess.Pop
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
 
 
+def _installed_services() -> list[str]:
+    """Service subcommands from entry points (e.g. ``orchestrator``); `plexus dev` starts each one."""
+    return sorted(ep.name for ep in entry_points(group="plexus.commands"))
+
+
+def _service_process(name: str, url: str) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "plexus.runtime.cli", name, "--nats", url]
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
+
+
 async def _dev(args: argparse.Namespace) -> None:
     app = load_object(args.app)
     if not isinstance(app, App):
@@ -178,6 +188,10 @@ async def _dev(args: argparse.Namespace) -> None:
     print(f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True)
     workers = [_worker_process(args.app, server.url, args.concurrency) for _ in range(args.workers)]
     print(f"plexus dev: {len(workers)} worker(s), pids {', '.join(str(w.pid) for w in workers)}", flush=True)
+    services = [_service_process(name, server.url) for name in _installed_services()]
+    for name, proc in zip(_installed_services(), services, strict=True):
+        print(f"plexus dev: {name} pid {proc.pid}", flush=True)
+    workers += services
     try:
         if script is not None:
             rt = await Runtime.connect(server.url, namespace=app.namespace)
