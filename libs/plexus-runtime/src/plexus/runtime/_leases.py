@@ -93,6 +93,10 @@ class LeaseManager:
                 return Lease(key=key, owner=self.owner_id, revision=revision, acquired_at=now)
             except KeyWrongLastSequenceError:
                 pass
+            except KeyNotFoundError:
+                # nats-py's create() re-reads the key after a refused create; if the lease expired in that
+                # instant the read fails. The key is free now: try again.
+                continue
             try:
                 entry = await self.kv.get(key)
             except KeyNotFoundError:
