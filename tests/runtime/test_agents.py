@@ -269,3 +269,21 @@ async def test_duplicate_message_id_is_handled_once(runtime: Runtime, start_work
     with pytest.raises(ReplyTimeoutError):
         await runtime.send_message([], target, timeout=1, message_id="same-id")
     assert text(await runtime.send_message([], target, timeout=10)) == "2"
+
+
+class Restorer(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        self.state["n"] = int(self.state.get("n", 0)) + 1
+        await ctx.checkpoint()
+        self.state["n"] = 999  # an unwanted change...
+        await ctx.restore()  # ...rolled back to the checkpoint
+        return [TextBlock(text=str(self.state["n"]))]
+
+
+async def test_context_checkpoint_and_restore(runtime: Runtime, start_worker: StartWorker) -> None:
+    app = App()
+    app.register("restorer", lambda _id: Restorer())
+    await start_worker(app)
+    target = AgentId("restorer", "r")
+    assert text(await runtime.send_message([], target, timeout=10)) == "1"
+    assert text(await runtime.send_message([], target, timeout=10)) == "2"

@@ -58,6 +58,8 @@ class ContextBackend(Protocol):
 
     async def checkpoint_from(self, ctx: Context) -> None: ...
 
+    async def reload(self, ctx: Context) -> None: ...
+
     def event_log_for(self, agent_id: AgentId) -> EventLog[Any]: ...
 
 
@@ -135,6 +137,10 @@ class Context:
     async def checkpoint(self) -> None:
         """Persist the agent's state now (long handlers); it is also saved after the handler returns."""
         await self._backend.checkpoint_from(self)
+
+    async def restore(self) -> None:
+        """Put the agent's state back to its last checkpoint (discarding changes made since)."""
+        await self._backend.reload(self)
 
     @property
     def event_log(self) -> EventLog[Any]:
