@@ -142,18 +142,7 @@ async def broadcasts(rt: Runtime) -> AsyncIterator[Broadcasts]:
 
 async def wait_status(rt: Runtime, run_id: str, *statuses: str, timeout: float = 10.0) -> RunRecord:
     """Wait (on the run's KV key, event-driven) until the run has one of ``statuses``."""
-    watcher = await rt.topology.runs.watch(run_key(escape_token(run_id)))
-    try:
-        async with asyncio.timeout(timeout):
-            while True:
-                entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
-                if entry is None or not entry.value:
-                    continue
-                record = msgspec.json.decode(entry.value, type=RunRecord)
-                if record.status in statuses:
-                    return record
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
+    return await rt.wait_run(run_id, timeout=timeout, until=statuses)
 
 
 def wire_error(exc: KernelError) -> dict[str, Any]:

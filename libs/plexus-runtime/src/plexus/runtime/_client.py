@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Collection, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -480,8 +480,10 @@ class Runtime:
         """Cancel the run tree; every agent of it on every worker sees CancellationError(reason)."""
         return await self.orchestrator.call("cancel", CancelRequest(run_id=run_id, reason=reason), RunRecord)
 
-    async def wait_run(self, run_id: str, *, timeout: float = 60.0) -> RunRecord:
-        """Wait (event-driven, on the run's KV key) until the run is COMPLETED, FAILED or CANCELLED."""
+    async def wait_run(
+        self, run_id: str, *, timeout: float = 60.0, until: Collection[str] = TERMINAL
+    ) -> RunRecord:
+        """Wait (event-driven, on the run's KV key) until the run's status is in `until` (default: ended)."""
         key = run_key(escape_token(run_id))
         watcher = await self.topology.runs.watch(key)
         try:
@@ -491,7 +493,7 @@ class Runtime:
                     if entry is None or not entry.value:
                         continue
                     record = msgspec.json.decode(entry.value, type=RunRecord)
-                    if record.status in TERMINAL:
+                    if record.status in until:
                         return record
         except TimeoutError:
             raise ReplyTimeoutError(f"run/{run_id}", run_id, timeout) from None

@@ -249,18 +249,7 @@ class ClusterSupervisor:
             SpawnReply,
             namespace=parent_agent.namespace,
         )
-        return RunInfo(
-            run_id=reply.run_id,
-            root_id=reply.root_id,
-            parent_id=reply.parent_id,
-            depth=reply.depth,
-            priority=reply.priority,
-            session_id=reply.session_id,
-            deadline=reply.deadline,
-            budget=reply.budget,
-            orchestrated=True,
-            retry=reply.retry,
-        )
+        return reply.run_info()
 
     async def finished(self, run: RunInfo, status: str) -> None:
         # The worker that handled the child's run-entry message reports it (it knows the output).

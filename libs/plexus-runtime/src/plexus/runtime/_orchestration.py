@@ -22,6 +22,8 @@ import msgspec
 
 from plexus.core._errors import KernelError
 
+from ._envelope import RunInfo
+
 __all__ = [
     "ORCH_SERVICE_NAME",
     "ORCH_VERSION",
@@ -177,6 +179,21 @@ class SpawnReply(msgspec.Struct, omit_defaults=True, kw_only=True):
     budget: dict[str, Any] | None = None
     retry: dict[str, Any] | None = None
     preempted: str | None = None  # run id of the agent paused to make room, if any
+
+    def run_info(self) -> RunInfo:
+        """The child's RunInfo, carried by its entry message."""
+        return RunInfo(
+            run_id=self.run_id,
+            root_id=self.root_id,
+            parent_id=self.parent_id,
+            depth=self.depth,
+            priority=self.priority,
+            session_id=self.session_id,
+            deadline=self.deadline,
+            budget=self.budget,
+            orchestrated=True,
+            retry=self.retry,
+        )
 
 
 class FinishedReport(msgspec.Struct, omit_defaults=True, kw_only=True):
