@@ -40,7 +40,8 @@ class Sizes:
     fanout: int  #: publications (each to 10 subscribers)
     keys_small: int  #: messages over 10 keys
     keys_many: int  #: distinct keys (one message each)
-    consume: int  #: ctx.usage() calls per repeat
+    consume: int  #: ctx.usage() calls per repeat, process-local budget
+    consume_cluster: int  #: ctx.usage() calls per repeat (one orchestrated run), JetStream counters
     progress: int  #: progress events per repeat
 
 
@@ -55,6 +56,7 @@ QUICK = Sizes(
     keys_small=2_000,
     keys_many=5_000,
     consume=5_000,
+    consume_cluster=2_000,
     progress=300,
 )
 FULL = Sizes(
@@ -68,6 +70,7 @@ FULL = Sizes(
     keys_small=10_000,
     keys_many=100_000,
     consume=50_000,
+    consume_cluster=20_000,
     progress=2_000,
 )
 

@@ -5,7 +5,8 @@
 ``bench.ctl.<app>`` that reports RSS and the activation count and can force passivation. The ``keys`` app
 runs alone so its memory is not mixed with other scenarios.
 
-``python -m bench.plexus_bench client --url URL --mode quick`` measures and prints one RESULT line.
+``python -m bench.plexus_bench client --url URL --mode quick`` measures and prints one RESULT line. The
+``main`` app's budget scenario needs an orchestrator on the same server (`bench.run` starts one).
 """
 
 from __future__ import annotations
@@ -74,7 +75,8 @@ class Sink(Agent):
 
 
 class Consumer(Agent):
-    """Times `ctx.usage()` (the budget `consume` seam, `LocalSupervisor` until the orchestrator lands)."""
+    """Times `ctx.usage()`, the budget `consume` seam: `ClusterSupervisor` increments the run tree's
+    JetStream counter when the run is orchestrated, and defers to `LocalSupervisor` when it is not."""
 
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
         timings: list[float] = []
@@ -109,6 +111,9 @@ def build_app(name: str) -> App:
     app.register("echo-eph", lambda _id: Echo(), durable=False)
     app.register("echo", lambda _id: Echo())
     app.register("budget", lambda _id: Consumer(), durable=False)
+    # The orchestrator dispatches a run's root message to the durable inbox, so the cluster case needs a
+    # durable type (the handler's work is the same).
+    app.register("budget-run", lambda _id: Consumer())
     app.register("progress", lambda _id: Progress(), durable=False)
     for i in range(FAN_SINKS):
         app.register(f"sink{i}", lambda _id: Sink(), durable=False)
@@ -158,6 +163,7 @@ async def client(url: str, sizes: Sizes, apps: list[str]) -> Results:
                 "echo-eph",
                 "echo",
                 "budget",
+                "budget-run",
                 "progress",
                 *(f"sink{i}" for i in range(FAN_SINKS)),
             ):
@@ -165,6 +171,7 @@ async def client(url: str, sizes: Sizes, apps: list[str]) -> Results:
             await rpc(rt, sizes, results)
             await fanout(rt, sizes, results)
             await consume(rt, sizes, results)
+            await consume_cluster(rt, sizes, results)
             await progress(rt, sizes, results)
         if "keys" in apps:
             await rt.get("keyed", lazy=False, timeout=30)
@@ -235,6 +242,7 @@ async def fanout(rt: Runtime, sizes: Sizes, results: Results) -> None:
 
 
 async def consume(rt: Runtime, sizes: Sizes, results: Results) -> None:
+    """`ctx.usage()` in a run the client started itself (not orchestrated): the process-local budget."""
     run_info = new_root_run(budget=ExecutionBudget(max_tokens=10**15))
     target = AgentId("budget", "b")
     await rt.send_message([TextBlock(text="100")], target, run=run_info, timeout=60)
@@ -243,6 +251,24 @@ async def consume(rt: Runtime, sizes: Sizes, results: Results) -> None:
         summary = json.loads(_text(reply))
         results.add("plexus.consume.p50", "µs", summary["p50_us"])
         results.add("plexus.consume.p99", "µs", summary["p99_us"])
+
+
+async def consume_cluster(rt: Runtime, sizes: Sizes, results: Results) -> None:
+    """`ctx.usage()` in the root of an orchestrated run (`start_run`): one JetStream counter increment
+    (`Nats-Incr`, a request to the server) per call, as every worker of a run tree reports."""
+    budget = ExecutionBudget(max_tokens=10**15)
+    target = AgentId("budget-run", "c")
+
+    async def one_run(calls: int) -> dict[str, float]:
+        run_id = await rt.start_run(target, [TextBlock(text=str(calls))], budget=budget)
+        summary: dict[str, float] = json.loads(_text(await rt.run_result(run_id, timeout=120)))
+        return summary
+
+    await one_run(100)  # warm-up: activation, counter stream, run-status cache
+    for _ in range(sizes.repeats):
+        summary = await one_run(sizes.consume_cluster)
+        results.add("plexus.consume.cluster.p50", "µs", summary["p50_us"])
+        results.add("plexus.consume.cluster.p99", "µs", summary["p99_us"])
 
 
 async def progress(rt: Runtime, sizes: Sizes, results: Results) -> None:

@@ -48,8 +48,21 @@ ROWS = (
     Row("RSS per idle activation", "B", None, "plexus.mem.per_activation", None, False),
     Row("RSS at peak (all activations live)", "MB", None, "plexus.mem.peak", None, False),
     Row("RSS after passivating all", "MB", None, "plexus.mem.after_passivation", None, False),
-    Row("budget consume p50 — local (orchestrator pending)", "µs", None, "plexus.consume.p50", None, False),
-    Row("budget consume p99 — local (orchestrator pending)", "µs", None, "plexus.consume.p99", None, False),
+    *(
+        Row(
+            f"budget consume (cluster, JetStream counter) {q}",
+            "µs",
+            None,
+            f"plexus.consume.cluster.{q}",
+            None,
+            False,
+        )
+        for q in ("p50", "p99")
+    ),
+    *(
+        Row(f"budget consume (process-local) {q}", "µs", None, f"plexus.consume.{q}", None, False)
+        for q in ("p50", "p99")
+    ),
     Row("progress worker → subscriber p50", "ms", None, "plexus.progress.p50", None, False),
     Row("progress worker → subscriber p99", "ms", None, "plexus.progress.p99", None, False),
 )

@@ -6,7 +6,8 @@ medians, writes ``bench/results/latest.json`` and refreshes the table in ``docs/
 
 AutoGen is installed by this script into ``.bench-venv/autogen`` with uv (never a dependency of Plexus);
 if that fails its column reads ``n/a (reason)``. ``--loop uvloop`` installs uvloop into
-``.bench-venv/uvloop`` (again outside the project's environment) and runs raw and Plexus processes on it.
+``.bench-venv/uvloop`` (again outside the project's environment) and runs raw and Plexus processes on it
+(the orchestrator the budget scenario needs is started as ``plexus orchestrator`` runs it, on asyncio).
 """
 
 from __future__ import annotations
@@ -58,8 +59,9 @@ class Procs:
         self._files.append(log)
         return log
 
-    def serve(self, name: str, cmd: list[str], timeout: float = 60.0) -> None:
-        """Start a serving process and wait for its READY line (failing fast if it exits first)."""
+    def serve(self, name: str, cmd: list[str], timeout: float = 60.0, ready: str = READY) -> None:
+        """Start a serving process and wait for a line starting with `ready` (failing fast if it exits
+        first)."""
         proc = subprocess.Popen(
             cmd, stdout=subprocess.PIPE, stderr=self._log(name), text=True, cwd=REPO, env=self.env
         )
@@ -69,7 +71,7 @@ class Procs:
         def watch() -> None:
             assert proc.stdout is not None
             for line in proc.stdout:
-                if line.strip() == READY:
+                if line.strip().startswith(ready):
                     seen.set()
 
         threading.Thread(target=watch, daemon=True).start()
@@ -282,6 +284,14 @@ def main() -> int:
                 print(f"bench: Plexus ({app}) …", flush=True)
                 with phase(logs, env) as procs:
                     cmd = [py, "-m", "bench.plexus_bench"]
+                    if app == "main":
+                        # The real service, as `plexus orchestrator` runs it; it announces itself once its
+                        # endpoints and budget watcher are up.
+                        procs.serve(
+                            "orchestrator",
+                            [py, "-m", "plexus.runtime.cli", "orchestrator", "--nats", server.url],
+                            ready="plexus orchestrator ",
+                        )
                     procs.serve(
                         f"plexus-{app}-worker", [*cmd, "serve", "--app", app, "--url", server.url, *common]
                     )
