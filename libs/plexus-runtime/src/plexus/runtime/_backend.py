@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
@@ -13,6 +14,7 @@ from plexus.core import (
     AgentProgress,
     AgentStep,
     BaseBlock,
+    CancellationError,
     KernelError,
     ReasoningDelta,
     RunChildCompleted,
@@ -24,6 +26,7 @@ from plexus.core import (
 
 from ._context import Context
 from ._eventlog import EventLog
+from ._orchestration import FinishedReport
 from ._supervisor import LocalSupervisor, Supervisor, new_root_run
 
 if TYPE_CHECKING:
@@ -98,6 +101,9 @@ class WorkerBackend:
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
         await self.supervisor.consume(self._run(ctx), ctx.agent_id, usage, turns)
 
+    async def check_from(self, ctx: Context) -> None:
+        await self.supervisor.check(self._run(ctx))
+
     async def spawn_from(
         self,
         ctx: Context,
@@ -108,6 +114,8 @@ class WorkerBackend:
     ) -> list[BaseBlock]:
         activation = self._activation(ctx)
         parent = self._run(ctx)
+        # No slot for a child nobody can run: AgentNotFoundError before the tree's budget is touched.
+        await self.worker.rt._host_for(child, time.monotonic() + min(timeout_s, 30.0))
         child_run = await self.supervisor.spawn(parent, ctx.agent_id, child, priority)
         log = self.event_log_for(ctx.agent_id)
         # child.spawned is durable before the child is enqueued, so a crash never leaves an unrecorded child.
@@ -124,8 +132,17 @@ class WorkerBackend:
             return await self.worker.rt.send_message(
                 blocks, child, timeout=timeout_s, sender=ctx.agent_id, run=child_run, kind="spawn"
             )
-        except KernelError:
-            status = "failed"
+        except KernelError as exc:
+            ended: Literal["failed", "cancelled"] = (
+                "cancelled" if isinstance(exc, CancellationError) else "failed"
+            )
+            status = ended
+            if child_run.orchestrated:
+                # Idempotent: if the child ran, its worker already reported; if its message never got through
+                # (or we gave up waiting), this frees its slot instead of leaking it until the tree ends.
+                report = FinishedReport(run_id=child_run.run_id, status=ended, error=exc.to_wire())
+                with contextlib.suppress(KernelError):
+                    await self.worker.orchestrator.call("finished", report, dict, namespace=child.namespace)
             raise
         finally:
             await self.supervisor.finished(child_run, status)

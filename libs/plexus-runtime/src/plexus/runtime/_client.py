@@ -295,7 +295,8 @@ class Runtime:
             except (TimeoutError, NatsTimeoutError):
                 raise ReplyTimeoutError(str(inp.recipient), env.id, inp.timeout_s) from None
             return self._unwrap(decode_reply(msg.data))
-        reply_to = f"{self._inbox_prefix}.{env.id}"
+        # Message ids may hold '.', '*', '>': the reply subject gets the escaped id as ONE token.
+        reply_to = f"{self._inbox_prefix}.{escape_token(env.id)}"
         env = msgspec.structs.replace(env, reply_to=reply_to)
         data = encode_envelope(env)
         check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)

@@ -109,6 +109,8 @@ class RunControl:
         return error
 
     def on_pause(self, notice: PauseNotice) -> None:
+        if len(self._resume) > self._memory:  # pauses of runs that ended elsewhere: forget the oldest
+            self._resume.pop(next(iter(self._resume)))
         event = self._resume.setdefault(notice.run_id, asyncio.Event())
         if notice.paused:
             event.clear()
@@ -117,10 +119,20 @@ class RunControl:
             self._resume.pop(notice.run_id, None)
 
     async def wait_if_paused(self, run_id: str) -> None:
-        """Cooperative pause: a preempted agent parks here (at its next consume/check) until resumed."""
+        """Cooperative pause: a preempted agent parks here (at its next consume/check) until resumed.
+
+        The resume broadcast is best effort, so while parked the run's record is re-read every second: a
+        run that is no longer SUSPENDED (resume missed, or the tree ended) goes on and meets its fate.
+        """
         event = self._resume.get(run_id)
-        if event is not None and not event.is_set():
-            await event.wait()
+        while event is not None and not event.is_set():
+            try:
+                await asyncio.wait_for(event.wait(), 1.0)
+            except TimeoutError:
+                record = await self._record(run_id)
+                if record is None or record.status != "suspended":
+                    self._resume.pop(run_id, None)
+                    return
 
     async def terminal_error(self, run: RunInfo) -> KernelError | None:
         """The error an agent of a finished (failed/cancelled) tree must see, from broadcasts or the store."""

@@ -47,6 +47,8 @@ class ContextBackend(Protocol):
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None: ...
 
+    async def check_from(self, ctx: Context) -> None: ...
+
     async def spawn_from(
         self,
         ctx: Context,
@@ -118,6 +120,12 @@ class Context:
             # Plain totals (the seed's consume(tokens, cost, turns)) count as output tokens.
             usage = Usage(output_tokens=tokens, cost=Cost(amount=cost_usd) if cost_usd else None)
         await self._backend.usage_from(self, usage, turns)
+
+    async def check(self) -> None:
+        """Raise if this agent should stop: the tree's budget is exhausted (BudgetExhaustedError), the run
+        was cancelled or passed its deadline (CancellationError); park here while preempted."""
+        await self._backend.check_from(self)
+        self.cancellation.check()
 
     async def spawn(
         self,

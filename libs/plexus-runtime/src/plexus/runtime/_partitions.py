@@ -90,7 +90,10 @@ class _Puller:
                 for _ in range(free - len(msgs)):
                     self.slots.release()
                 for msg in msgs:
-                    await self.dispatch(self.partition, msg)
+                    try:
+                        await self.dispatch(self.partition, msg)
+                    except Exception:  # e.g. an ack during a reconnect: never let the puller die silently
+                        log.exception("dispatch on %s failed; the message will be redelivered", self.durable)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()

@@ -8,6 +8,7 @@ JetStream so a whole run tree on many workers shares one budget.
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -73,10 +74,15 @@ class LocalSupervisor:
     """Per-process budget enforcement (the orchestrator makes it cluster-wide)."""
 
     def __init__(self) -> None:
-        self._totals: dict[str, _Totals] = {}
+        # Bounded: every client send starts a new root run; the oldest trees' totals are forgotten first.
+        self._totals: OrderedDict[str, _Totals] = OrderedDict()
+        self._memory = 10_000
 
     async def consume(self, run: RunInfo, agent_id: AgentId, usage: Usage, turns: int) -> None:
         totals = self._totals.setdefault(run.root_id, _Totals())
+        self._totals.move_to_end(run.root_id)
+        while len(self._totals) > self._memory:
+            self._totals.popitem(last=False)
         totals.tokens += usage.total_tokens
         totals.cost += usage.cost.amount if usage.cost else 0.0
         totals.turns += turns

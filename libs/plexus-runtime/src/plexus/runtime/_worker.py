@@ -133,6 +133,7 @@ class Worker:
         self._unacked: set[_Work] = set()
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
+        self._control_subs: list[Any] = []
         self.control = RunControl(runtime)
         self.orchestrator = OrchestratorClient(runtime)
         self._backend = WorkerBackend(self, ClusterSupervisor(runtime, self.control, self.orchestrator))
@@ -283,7 +284,11 @@ class Worker:
         for sub in self._subs:
             with contextlib.suppress(Exception):
                 await sub.drain()
+        # Cancel/pause broadcasts must still reach the handlers that are draining.
         finished = await self._mailboxes.join(drain_timeout)
+        for sub in self._control_subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         if not finished:
             # Unfinished messages are not acked: JetStream hands them to the next owner.
             await self._mailboxes.cancel()
