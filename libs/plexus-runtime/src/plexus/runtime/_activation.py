@@ -176,6 +176,9 @@ class ActivationTable:
         )
         activation.saved_state = state_bytes
 
+    def of_type(self, agent_type: str) -> list[Activation]:
+        return [a for a in self._live.values() if a.agent_id.type == agent_type]
+
     def drop(self, agent_id: AgentId) -> None:
         self._live.pop(agent_id, None)
 

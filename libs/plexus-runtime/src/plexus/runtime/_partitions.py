@@ -118,6 +118,7 @@ class PartitionOwner:
         ack_wait_s: float,
         max_ack_pending: int,
         on_lost: Callable[[int], None],
+        on_taken: Callable[[int], None] | None = None,
     ) -> None:
         self.js = js
         self.leases = leases
@@ -132,6 +133,7 @@ class PartitionOwner:
         self.ack_wait_s = ack_wait_s
         self.max_ack_pending = max_ack_pending
         self.on_lost = on_lost
+        self.on_taken = on_taken
         self.owned: dict[int, tuple[Lease, _Puller]] = {}
         #: Partitions given up in a rebalance whose fetched work is still running: the lease is kept (and
         #: renewed) until that work is acked, so the next owner never runs it a second time concurrently.
@@ -148,6 +150,10 @@ class PartitionOwner:
     async def _on_message(self, p: int, msg: Msg) -> None:
         self.inflight[p] = self.inflight.get(p, 0) + 1
         await self.dispatch(p, msg, lambda: self._done(p))
+
+    def serves(self, p: int) -> bool:
+        """Whether work fetched from partition `p` may still run here (owned, or being handed over)."""
+        return p in self.owned or p in self.handing_over
 
     def _done(self, p: int) -> None:
         self.inflight[p] -= 1
@@ -213,6 +219,10 @@ class PartitionOwner:
                 max_deliver=-1,
             ),
         )
+        if self.on_taken is not None:
+            # Whatever this worker cached for the partition's agents may be older than what another owner
+            # committed meanwhile: forget it, so activations reload from the newest checkpoint.
+            self.on_taken(p)
         puller = _Puller(self.js, self.stream, durable, p, self._on_message, self.slots)
         puller.start()
         self.owned[p] = (lease, puller)

@@ -35,13 +35,14 @@ from plexus.core import (
 
 from ._activation import Activation, ActivationTable
 from ._agent import AgentType, App
-from ._artifacts import PayloadTooLargeError, headers_size
+from ._artifacts import PayloadTooLargeError
 from ._backend import WorkerBackend
 from ._checkpoints import CheckpointConflictError, CheckpointStore
 from ._client import Runtime
 from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from ._context import Context
 from ._control import RetryInterceptor, RunControlInterceptor
+from ._deadletter import dead_letter
 from ._envelope import (
     HDR_MSG_ID,
     Envelope,
@@ -49,6 +50,7 @@ from ._envelope import (
     WireError,
     blocks_from_payload,
     decode_envelope,
+    decode_reply,
     encode_reply,
     payload_from_blocks,
 )
@@ -62,7 +64,7 @@ from ._leases import LeaseManager
 from ._orchestration import CancelNotice, FinishedReport, PauseNotice
 from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
-from ._subjects import SubjectTooLongError, checkpoint_key, escape_token
+from ._subjects import SubjectTooLongError, checkpoint_key, escape_token, inbox_partition
 from ._supervisor import new_root_run
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -102,6 +104,7 @@ class _Work:
     agent_id: AgentId
     durable: bool
     done: Callable[[], None] = _nothing
+    partition: int | None = None
 
     __hash__ = object.__hash__
 
@@ -182,7 +185,8 @@ class Worker:
                     slots=self._inflight,
                     ack_wait_s=self.config.ack_wait_s,
                     max_ack_pending=self.config.concurrency * 8,
-                    on_lost=_log_lost(agent_type.name),
+                    on_lost=self._partition_lost(agent_type.name),
+                    on_taken=self._partition_taken(agent_type.name),
                 )
             else:
                 subjects = self.rt.subjects_for(agent_type.namespace)
@@ -238,6 +242,25 @@ class Worker:
                 await self._passivate()
             except Exception:  # keep maintaining through transient NATS errors
                 log.exception("worker maintenance round failed")
+
+    def _forget_partition(self, agent_type: str, partition: int) -> None:
+        for activation in self._activations.of_type(agent_type):
+            if inbox_partition(activation.agent_id.key, self.rt.partitions) == partition:
+                self._activations.drop(activation.agent_id)
+
+    def _partition_taken(self, agent_type: str) -> Callable[[int], None]:
+        return lambda partition: self._forget_partition(agent_type, partition)
+
+    def _partition_lost(self, agent_type: str) -> Callable[[int], None]:
+        def lost(partition: int) -> None:
+            # Another worker owns it now: queued work of it is skipped (not acked; the owner's fresh consumer
+            # has it) and cached activations are dropped, so no second activation lives on here.
+            log.warning(
+                "partition %s/%d lost; dropping its activations and queued work", agent_type, partition
+            )
+            self._forget_partition(agent_type, partition)
+
+        return lost
 
     async def _keep_alive(self) -> None:
         """Every ack_wait/3, tell JetStream that every fetched, unacked message (queued in a mailbox or
@@ -310,6 +333,7 @@ class Worker:
             done()
             return
         work.done = done
+        work.partition = partition
         self._unacked.add(work)
         self._mailboxes.put(work.agent_id, work)
 
@@ -387,39 +411,16 @@ class Worker:
 
     async def _dlq_copy(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> bool:
         """Publish a copy of `msg` with the reason to the dead-letter stream; False if that failed."""
-        subjects = self.rt.subjects_for(self.app.namespace)
-        # A target is `[ns/]type/key` and only the key may hold '/': split twice, the type precedes the key.
-        parts = env.target.split("/", 2) if env is not None else []
-        try:
-            dlq_subject = subjects.dlq(parts[-2] if len(parts) >= 2 else "_invalid")
-        except ValueError:  # a type too long for a subject: it must still be dead-lettered and acked
-            dlq_subject = subjects.dlq("_invalid")
-        headers = {
-            "Plexus-Dlq-Reason": reason,
-            "Plexus-Dlq-Detail": detail[:1000],
-            "Plexus-Dlq-Subject": msg.subject,
-            "Plexus-Dlq-Worker": self.worker_id,
-            "Plexus-Dlq-Size": str(len(msg.data)),
-        }
-        # Our headers make the copy bigger than the original; past max_payload the server would close
-        # the connection (and the message would come back forever), so keep only a prefix of the body.
-        room = self.rt.nc.max_payload - headers_size(headers)
-        data = msg.data if len(msg.data) <= room else msg.data[: max(room, 0)]
-        if env is not None and env.run is not None:
-            headers["Plexus-Dlq-Run"] = env.run.run_id
-            headers["Plexus-Dlq-Root"] = env.run.root_id
-            headers["Plexus-Dlq-Target"] = env.target
-        try:
-            await self.rt.js.publish(dlq_subject, data, headers=headers)
-        except Exception:
-            log.exception("dead-lettering failed; leaving the message for redelivery")
-            return False
-        log.warning("dead-lettered %s: %s (%s)", msg.subject, reason, detail)
-        return True
+        return await dead_letter(
+            self.rt, self.rt.subjects_for(self.app.namespace), self.worker_id, msg, reason, detail, env
+        )
 
     # -- handling -------------------------------------------------------------------------------------
     async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
         try:
+            owner = self._owners.get(work.agent_type.name) if work.durable else None
+            if owner is not None and work.partition is not None and not owner.serves(work.partition):
+                return  # its partition moved on while it was queued: the new owner runs it, we must not
             await self._handle(work)
         except (ConcurrentAppendError, CheckpointConflictError) as exc:
             # Another activation of this agent committed first: we are a zombie. Drop our copy and leave
@@ -442,6 +443,8 @@ class Worker:
         if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
             if stored_reply is not None and work.reply_to:
                 await self._publish_reply(work.reply_to, stored_reply)
+            if stored_reply is not None and not await self._report_finished(env, decode_reply(stored_reply)):
+                return  # not acked: redelivered later, when the orchestrator may be back
             await self._ack(work)
             return
         ctx = Context(
@@ -459,7 +462,8 @@ class Worker:
             reply = await self._execute(activation, work, ctx)
         finally:
             self._backend.unbind(ctx)
-        encoded = encode_reply(reply) if work.reply_to else None
+        # A run's entry message keeps its reply even without a caller: a redelivery re-sends the run's end.
+        encoded = encode_reply(reply) if work.reply_to or _is_run_entry(env) else None
         if encoded is not None and len(encoded) > self.rt.nc.max_payload:
             # Undeliverable as is (the publish would fail and the caller time out): answer a typed error.
             too_large = PayloadTooLargeError(len(encoded), self.rt.nc.max_payload)
@@ -469,14 +473,18 @@ class Worker:
             await self._commit(activation, work, ctx, reply, encoded)
         if encoded is not None and work.reply_to:
             await self._publish_reply(work.reply_to, encoded)
-        await self._report_finished(env, reply)
+        if not await self._report_finished(env, reply):
+            return  # not acked: redelivered after ack_wait and answered from the checkpoint, report included
         await self._ack(work)
 
-    async def _report_finished(self, env: Envelope, reply: Reply) -> None:
-        """Tell the orchestrator a run ended, when this message was a run's entry (its spawn or start)."""
+    async def _report_finished(self, env: Envelope, reply: Reply) -> bool:
+        """Tell the orchestrator a run ended, when this message was a run's entry (its spawn or start).
+
+        False when the report could not be delivered: the caller must not ack, so the run's end is never
+        lost with the message."""
         run = env.run
-        if run is None or not run.orchestrated or not (env.kind == "spawn" or env.sender is None):
-            return
+        if run is None or not _is_run_entry(env):
+            return True
         error_type = (reply.error or {}).get("error_type")
         status: Literal["completed", "failed", "cancelled"] = (
             "completed" if reply.ok else "cancelled" if error_type == "CancellationError" else "failed"
@@ -484,8 +492,10 @@ class Worker:
         report = FinishedReport(run_id=run.run_id, status=status, output=reply.payload, error=reply.error)
         try:
             await self.orchestrator.call("finished", report, dict, namespace=self.app.namespace)
-        except KernelError as exc:  # the run's deadline sweeper still ends it; never fail the message
-            log.warning("could not report the end of run %s: %s", run.run_id, exc)
+        except KernelError as exc:
+            log.warning("could not report the end of run %s (will retry on redelivery): %s", run.run_id, exc)
+            return False
+        return True
 
     async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
         env = work.env
@@ -570,11 +580,10 @@ def _envelope_problem(env: Envelope) -> str | None:
     return None
 
 
-def _log_lost(agent_type: str) -> Callable[[int], None]:
-    def lost(partition: int) -> None:
-        log.warning("partition %s/%d lost; in-flight work there is fenced", agent_type, partition)
-
-    return lost
+def _is_run_entry(env: Envelope) -> bool:
+    """The message that starts an orchestrated run: a spawn, or the orchestrator's start (no sender)."""
+    run = env.run
+    return run is not None and run.orchestrated and (env.kind == "spawn" or env.sender is None)
 
 
 def _reply_text(reply: Reply) -> str | None:
