@@ -14,7 +14,6 @@ import os
 import socket
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -26,10 +25,8 @@ from plexus.core import (
     ConcurrentAppendError,
     HandlerError,
     KernelError,
-    MessageId,
     ProtocolError,
     ReplyMessage,
-    RunId,
     RunMessageReceived,
 )
 
@@ -66,52 +63,12 @@ from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
 from ._subjects import SubjectTooLongError, checkpoint_key, escape_token, inbox_partition
 from ._supervisor import new_root_run
+from ._work import WorkerConfig, _envelope_problem, _is_run_entry, _JsDelivery, _reply_text, _Work
 
 __all__ = ["Worker", "WorkerConfig"]
 
+
 log = logging.getLogger("plexus.worker")
-
-
-@dataclass(frozen=True)
-class WorkerConfig:
-    concurrency: int = 64
-    ack_wait_s: float = 30.0
-    lease_ttl_s: float = 10.0
-    heartbeat_s: float = 2.0
-    idle_passivate_s: float = 60.0
-    max_activations: int = 10_000
-    worker_id: str | None = None
-
-
-@dataclass
-class _JsDelivery:
-    msg: Msg
-    ack_wait_s: float
-
-    async def in_progress(self) -> None:
-        await self.msg.in_progress()
-
-
-def _nothing() -> None:
-    return None
-
-
-@dataclass(eq=False)
-class _Work:
-    msg: Msg
-    env: Envelope
-    agent_type: AgentType
-    agent_id: AgentId
-    durable: bool
-    done: Callable[[], None] = _nothing
-    partition: int | None = None
-
-    __hash__ = object.__hash__
-
-    @property
-    def reply_to(self) -> str | None:
-        # Durable callers name their reply inbox in the envelope; ephemeral ones use core request/reply.
-        return self.env.reply_to if self.durable else (self.msg.reply or self.env.reply_to)
 
 
 class Worker:
@@ -421,20 +378,44 @@ class Worker:
             owner = self._owners.get(work.agent_type.name) if work.durable else None
             if owner is not None and work.partition is not None and not owner.serves(work.partition):
                 return  # its partition moved on while it was queued: the new owner runs it, we must not
-            await self._handle(work)
+            await self._handle_in_order(work)
         except (ConcurrentAppendError, CheckpointConflictError) as exc:
             # Another activation of this agent committed first: we are a zombie. Drop our copy and leave
             # the message unacked; the partition's owner handles it.
             log.warning("fenced %s: %s", agent_id, exc)
-            self._activations.drop(agent_id)
-        except Exception:
-            log.exception("commit of %s failed; message left for redelivery", work.env.id)
             self._activations.drop(agent_id)
         finally:
             if work.durable:
                 self._inflight.release()
                 self._unacked.discard(work)
                 work.done()
+
+    async def _handle_in_order(self, work: _Work, attempts: int = 3) -> None:
+        """Handle `work`, retrying a failed commit in place (the key's next message waits: FIFO holds); after
+        `attempts` the message is dead-lettered (`commit_failed`), answered with a typed error and acked, so
+        a poison message never loops forever."""
+        for attempt in range(1, attempts + 1):
+            try:
+                await self._handle(work)
+                return
+            except (ConcurrentAppendError, CheckpointConflictError):
+                raise
+            except Exception as exc:
+                log.warning("handling %s failed (attempt %d/%d): %r", work.env.id, attempt, attempts, exc)
+                self._activations.drop(work.agent_id)  # the next attempt starts from the last checkpoint
+                if attempt == attempts or self._stopping:
+                    if not work.durable or self._stopping:
+                        return  # not acked: redelivered to whoever runs next
+                    error = (
+                        exc if isinstance(exc, KernelError) else HandlerError(str(exc), type(exc).__name__)
+                    )
+                    if await self._dlq_copy(work.msg, "commit_failed", repr(exc), work.env):
+                        await self._reply(
+                            work.env, work.msg, Reply(id=work.env.id, ok=False, error=error.to_wire())
+                        )
+                        await self._ack(work)
+                    return
+                await asyncio.sleep(0.2 * 2 ** (attempt - 1))
 
     async def _handle(self, work: _Work) -> None:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
@@ -563,35 +544,3 @@ class Worker:
     async def _publish_reply(self, target: str, data: bytes) -> None:
         with contextlib.suppress(Exception):  # a caller that went away is not our failure
             await self.rt.nc.publish(target, data)
-
-
-def _envelope_problem(env: Envelope) -> str | None:
-    """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries)."""
-    try:
-        MessageId.parse(env.id)
-        if env.sender is not None:
-            AgentId.parse(env.sender)
-        if env.run is not None:
-            for run_id in (env.run.run_id, env.run.root_id, env.run.parent_id):
-                if run_id is not None:
-                    RunId.parse(run_id)
-    except (ValueError, TypeError) as exc:
-        return str(exc)
-    return None
-
-
-def _is_run_entry(env: Envelope) -> bool:
-    """The message that starts an orchestrated run: a spawn, or the orchestrator's start (no sender)."""
-    run = env.run
-    return run is not None and run.orchestrated and (env.kind == "spawn" or env.sender is None)
-
-
-def _reply_text(reply: Reply) -> str | None:
-    assert reply.payload is not None
-    texts = [
-        b.get("text")
-        for b in msgspec.json.decode(reply.payload)
-        if isinstance(b, dict) and b.get("type") == "text"
-    ]
-    joined = "\n".join(t for t in texts if isinstance(t, str))
-    return joined or None

@@ -1,0 +1,90 @@
+"""Value types of the worker: its configuration and one unit of fetched work, plus small envelope helpers."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import msgspec
+from nats.aio.msg import Msg
+
+from plexus.core import AgentId, MessageId, RunId
+
+from ._agent import AgentType
+from ._envelope import Envelope, Reply
+
+__all__ = ["WorkerConfig"]
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    concurrency: int = 64
+    ack_wait_s: float = 30.0
+    lease_ttl_s: float = 10.0
+    heartbeat_s: float = 2.0
+    idle_passivate_s: float = 60.0
+    max_activations: int = 10_000
+    worker_id: str | None = None
+
+
+@dataclass
+class _JsDelivery:
+    msg: Msg
+    ack_wait_s: float
+
+    async def in_progress(self) -> None:
+        await self.msg.in_progress()
+
+
+def _nothing() -> None:
+    return None
+
+
+@dataclass(eq=False)
+class _Work:
+    msg: Msg
+    env: Envelope
+    agent_type: AgentType
+    agent_id: AgentId
+    durable: bool
+    done: Callable[[], None] = _nothing
+    partition: int | None = None
+
+    __hash__ = object.__hash__
+
+    @property
+    def reply_to(self) -> str | None:
+        # Durable callers name their reply inbox in the envelope; ephemeral ones use core request/reply.
+        return self.env.reply_to if self.durable else (self.msg.reply or self.env.reply_to)
+
+
+def _envelope_problem(env: Envelope) -> str | None:
+    """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries)."""
+    try:
+        MessageId.parse(env.id)
+        if env.sender is not None:
+            AgentId.parse(env.sender)
+        if env.run is not None:
+            for run_id in (env.run.run_id, env.run.root_id, env.run.parent_id):
+                if run_id is not None:
+                    RunId.parse(run_id)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _is_run_entry(env: Envelope) -> bool:
+    """The message that starts an orchestrated run: a spawn, or the orchestrator's start (no sender)."""
+    run = env.run
+    return run is not None and run.orchestrated and (env.kind == "spawn" or env.sender is None)
+
+
+def _reply_text(reply: Reply) -> str | None:
+    assert reply.payload is not None
+    texts = [
+        b.get("text")
+        for b in msgspec.json.decode(reply.payload)
+        if isinstance(b, dict) and b.get("type") == "text"
+    ]
+    joined = "\n".join(t for t in texts if isinstance(t, str))
+    return joined or None
