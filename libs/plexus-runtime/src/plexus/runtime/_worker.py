@@ -1,7 +1,7 @@
 """The worker: hosts an App's agent types, pulls their inboxes and runs handlers.
 
 The worker loop only decodes, routes to per-key mailboxes, runs the interceptor chain and commits
-(EventLog → checkpoint → reply → ack). Everything else — keep-alive, time limits, tracing, budgets — is an
+(EventLog → checkpoint → reply → ack). Everything else — time limits, tracing, budgets, retries — is an
 interceptor; partition ownership lives in `_partitions.py`; activations in `_activation.py`.
 """
 
