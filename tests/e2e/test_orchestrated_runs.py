@@ -93,6 +93,11 @@ async def recording(rt: Runtime, run_id: str) -> AsyncIterator[list[AgentProgres
             await task
 
 
+def agent_events(events: list[AgentProgress]) -> list[AgentProgress]:
+    """Events of the tree's agents (the orchestrator's own decision events may trail a cancel)."""
+    return [e for e in events if not e.agent_id.startswith("orchestrator/")]
+
+
 def pid_of(event: AgentProgress) -> int | None:
     text = "".join(getattr(b, "text", "") for b in event.content)
     return int(text.split("pid=")[1].split()[0]) if "pid=" in text else None
@@ -124,9 +129,9 @@ async def test_token_budget_holds_across_a_20_agent_tree_on_two_workers(
         assert record.reason.startswith("Token budget exceeded:"), record.reason
         # Every agent stops: nothing more happens in the tree once it has failed.
         await asyncio.sleep(1.5)
-        settled = len(events)
+        settled = len(agent_events(events))
         await asyncio.sleep(1.5)
-        assert len(events) == settled
+        assert len(agent_events(events)) == settled
     total = await counter_total(runtime, run_id, "tokens")
     # Over the limit only by increments in flight when it was crossed: at most one per agent.
     assert 4000 < total <= 4000 + 20 * 100, total
@@ -162,7 +167,8 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     worker_process(APP, *FAST)
     await ready(runtime, 1)
     low = {"priority": int(Priority.LOW), "leaf": {"steps": 20, "tokens": 1, "sleep": 0.1}}
-    high = {"priority": int(Priority.HIGH), "delay": 0.5, "leaf": {"steps": 3, "sleep": 0.1}}
+    # The HIGH child works for ~1.5 s, so a LOW child that was not really paused would show steps in it.
+    high = {"priority": int(Priority.HIGH), "delay": 0.5, "leaf": {"steps": 15, "sleep": 0.1}}
     run_id = await runtime.start_run(
         AgentId("root", "preempt"),
         cmd(specs=[low, high]),
@@ -176,10 +182,25 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     # The HIGH child got the LOW child's slot instead of a denial, and the LOW child finished after resuming.
     assert [r.split(":")[0] for r in results] == ["ok", "ok"], results
     low_steps = [e for e in events if e.agent_id.endswith("-s0") and e.step == "thinking"]
+    assert len(low_steps) == 20
+    low_run = str(low_steps[0].run_id)
     high_done = max(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "thinking")
     high_start = min(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "started")
-    paused_window = [e for e in low_steps if high_start + 0.15 < e.ts < high_done - 0.05]
+    assert high_done - high_start > 1.2
+    paused_window = [e for e in low_steps if high_start + 0.3 < e.ts < high_done - 0.2]
     assert paused_window == [], "the preempted agent kept working while paused"
+    assert any(e.ts < high_start for e in low_steps), "the LOW child was working before it was preempted"
+    assert any(e.ts > high_done for e in low_steps), "the LOW child resumed after the HIGH child finished"
+    # The orchestrator suspended the LOW child's run for the HIGH child, and resumed it afterwards.
+    decisions = [
+        (e.metadata.get("decision"), e.metadata.get("status"))
+        for e in events
+        if e.agent_id == f"orchestrator/{low_run}"
+    ]
+    assert ("preempted", "suspended") in decisions, decisions
+    assert ("resumed", "running") in decisions, decisions
+    assert decisions.index(("preempted", "suspended")) < decisions.index(("resumed", "running"))
+    assert (await runtime.get_run(low_run)).status == "completed"
 
 
 async def test_worker_killed_mid_run_is_retried_from_its_checkpoint(
@@ -211,6 +232,15 @@ async def test_worker_killed_mid_run_is_retried_from_its_checkpoint(
     survivor = next(w.pid for w in workers if w.pid != victim_pid)
     assert any(
         pid_of(e) == survivor for e in events if e.agent_id.startswith("leaf/") and e.step == "started"
+    )
+    # The retry was the orchestrator's: it recorded the crash and the second attempt of the leaf's run.
+    leaf_run = next(str(e.run_id) for e in events if e.agent_id.startswith("leaf/"))
+    leaf = await runtime.get_run(leaf_run)
+    assert leaf.status == "completed"
+    assert leaf.attempts >= 2, leaf.attempts
+    assert any(
+        e.agent_id == f"orchestrator/{leaf_run}" and e.metadata.get("decision") == "retry_scheduled"
+        for e in events
     )
 
 
@@ -258,10 +288,10 @@ async def test_cancel_cascades_to_every_agent_on_every_worker(
         await runtime.cancel_run(run_id, "user pressed stop")
         with pytest.raises(CancellationError):
             await runtime.run_result(run_id, timeout=10)
-        await asyncio.sleep(1.0)  # within 1 s of the cancel, nothing of the tree is still working
-        settled = len(events)
+        await asyncio.sleep(1.0)  # within 1 s of the cancel, no agent of the tree is still working
+        settled = len(agent_events(events))
         await asyncio.sleep(1.0)
-        assert len(events) == settled
+        assert len(agent_events(events)) == settled
     pids = {pid_of(e) for e in events if e.step == "started" and e.agent_id.startswith("leaf/")}
     assert len(pids - {None}) == 2
 
@@ -275,8 +305,19 @@ async def test_deadline_holds_for_agents_that_never_check(
     run_id = await runtime.start_run(
         AgentId("sleeper", "late"), cmd(sleep=120), budget=ExecutionBudget(deadline_s=2)
     )
-    record = await runtime.wait_run(run_id, timeout=15)
-    assert record.status in ("failed", "cancelled")
+    async with recording(runtime, run_id) as events:
+
+        async def started() -> bool:
+            return any(e.agent_id == "sleeper/late" and e.step == "started" for e in events)
+
+        await until(started, 15, "sleeper started")
+        # Freeze the worker: no agent or worker code can notice the deadline, only the orchestrator.
+        # (SIGKILL at teardown ends a stopped process too.)
+        pid = next(pid_of(e) for e in events if e.agent_id == "sleeper/late" and e.step == "started")
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        record = await runtime.wait_run(run_id, timeout=15)
+    assert record.status == "failed", record
     assert "deadline" in (record.reason or ""), record.reason
 
 
@@ -299,6 +340,11 @@ async def test_killing_one_of_two_orchestrators_keeps_the_budget(
     assert record.status == "failed"
     assert (record.reason or "").startswith("Token budget exceeded:")
     assert 2000 < await counter_total(runtime, run_id, "tokens") <= 2000 + 10 * 100
+    # The survivor also serves new runs from start to finish (start, spawn, reports, completion).
+    second = await runtime.start_run(AgentId("root", "ha-after"), cmd(children=1, leaf={"steps": 2}))
+    results = json.loads(_blocks_text(await runtime.run_result(second, timeout=30)))
+    assert [r.split(":")[0] for r in results] == ["ok"], results
+    assert (await runtime.get_run(second)).status == "completed"
 
 
 def _text(event: AgentProgress) -> str:

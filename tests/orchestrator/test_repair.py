@@ -135,3 +135,33 @@ async def test_a_slot_held_by_an_ended_run_is_freed(orch: Orchestrator, rt: Runt
         SpawnReply,
     )
     assert again.depth == 1
+
+
+async def test_deleting_an_unadmitted_run_is_refused_once_it_changed(rt: Runtime, store: RunStore) -> None:
+    now = time.time()
+    record = RunRecord(
+        run_id="run-raced",
+        root_id="run-root",
+        parent_id="run-root",
+        depth=1,
+        agent_id="w/raced",
+        status=RunStatus.PENDING,
+        created_at=now,
+        updated_at=now,
+    )
+    revision = await store.create_run(record)
+    assert revision is not None
+
+    def admitted(rec: RunRecord) -> bool:  # another request admitted it after we read `revision`
+        rec.status = RunStatus.RUNNING
+        return True
+
+    await store.update_run("run-raced", admitted)
+    # JetStream refuses the stale delete (error 10071); the run must survive, not raise.
+    assert await store.delete_run("run-raced", revision) is False
+    kept = await store.get_run("run-raced")
+    assert kept is not None
+    assert kept[0].status == RunStatus.RUNNING
+    # At the current revision the delete goes through.
+    assert await store.delete_run("run-raced", kept[1]) is True
+    assert await store.get_run("run-raced") is None

@@ -232,3 +232,64 @@ async def test_concurrent_spawns_on_two_replicas_never_exceed_the_budget(
     # Denied children leave no record behind.
     for run_id in admitted:
         assert (await rt.get_run(run_id)).status == RunStatus.RUNNING
+
+
+async def _preempted_low(orch: Orchestrator, rt: Runtime, key: str) -> tuple[str, str]:
+    """A tree (max 2) whose LOW child's slot another replica has just paused for ``run-hi``."""
+    root = await rt.start_run(
+        AgentId("boss", key), [TextBlock(text="go")], spawn_budget=SpawnBudget(max_agents=2)
+    )
+    low = await call(rt, "spawn", spawn_request(root, root, f"boss/{key}", "w/low", LOW), SpawnReply)
+    assert orch.engine is not None
+
+    def preempt(t: TreeRecord) -> bool:
+        return admit(t, "run-hi", "w/hi", HIGH, protected={root}).preempted == low.run_id
+
+    assert (await orch.engine.store.update_tree(root, preempt)).written
+    return root, low.run_id
+
+
+async def test_a_pause_that_lost_the_race_to_a_release_does_nothing(
+    orch: Orchestrator, rt: Runtime, broadcasts: Broadcasts
+) -> None:
+    root, low = await _preempted_low(orch, rt, "6")
+    engine = orch.engine
+    assert engine is not None
+    # Another replica frees the HIGH child's slot before this one gets to suspend the victim.
+    await engine.release_slots(root, ["run-hi"])
+    await engine._pause((await engine.store.require_run(root))[0], low, "run-hi")
+    assert (await rt.get_run(low)).status == RunStatus.RUNNING
+    with pytest.raises(TimeoutError):
+        await broadcasts.next_pause(timeout=0.3)  # neither a pause nor a resume nobody asked for
+
+
+async def test_a_release_during_the_pause_leaves_the_victim_running(
+    orch: Orchestrator, rt: Runtime, broadcasts: Broadcasts, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, low = await _preempted_low(orch, rt, "7")
+    engine = orch.engine
+    assert engine is not None
+    check = engine._preempted
+    calls = 0
+
+    async def released_right_after_the_check(root_id: str, run_id: str, by: str) -> bool:
+        nonlocal calls
+        calls += 1
+        still = await check(root_id, run_id, by)
+        if calls == 1:
+            # The release lands between the check and the suspension: its resume finds the record
+            # RUNNING, so it writes nothing and must announce nothing.
+            await engine.release_slots(root_id, ["run-hi"])
+        return still
+
+    monkeypatch.setattr(engine, "_preempted", released_right_after_the_check)
+    await engine._pause((await engine.store.require_run(root))[0], low, "run-hi")
+    assert calls == 2
+    assert await broadcasts.next_pause() == {"root_id": root, "run_id": low, "paused": True}
+    assert await broadcasts.next_pause() == {"root_id": root, "run_id": low, "paused": False}
+    record = await rt.get_run(low)
+    assert (record.status, record.reason) == (RunStatus.RUNNING, None)
+    tree = await engine.store.get_tree(root)
+    assert tree is not None
+    assert not tree[0].active[low].paused
+    assert (await decisions(rt, root))[-2:] == ["preempted", "resumed"]

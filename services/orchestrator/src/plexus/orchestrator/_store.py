@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 import msgspec
-from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from plexus.runtime._orchestration import (
@@ -29,6 +29,11 @@ from plexus.runtime._orchestration import (
 from plexus.runtime._subjects import escape_token
 
 __all__ = ["CasConflictError", "Changed", "RunStore"]
+
+#: JetStream's "wrong last sequence" error codes (JSStreamWrongLastSequenceErrF, …ConstantErr). nats-py maps
+#: them to KeyWrongLastSequenceError for ``update``/``create`` but not for ``delete(last=…)``, which raises
+#: the bare BadRequestError.
+_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
 S = TypeVar("S", RunRecord, TreeRecord)
 
@@ -89,6 +94,10 @@ class RunStore:
             await self.kv.delete(run_kv_key(run_id), last=revision)
         except KeyWrongLastSequenceError:
             return False
+        except APIError as err:
+            if err.err_code in _WRONG_LAST_SEQUENCE:
+                return False  # the run changed meanwhile (another request admitted it): keep it
+            raise
         return True
 
     # -- trees ----------------------------------------------------------------------------------------
