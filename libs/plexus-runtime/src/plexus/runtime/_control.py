@@ -12,6 +12,7 @@ import contextlib
 import json
 import logging
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from plexus.core import AgentCrashError, BaseBlock, CancellationError, KernelError, RetryPolicy
 
@@ -61,9 +62,7 @@ class RunControlInterceptor(Interceptor):
             if not task.done():
                 done, _ = await asyncio.wait({task}, timeout=self.grace_s)
                 if not done:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError, Exception):
-                        await task
+                    await _cancel_hard(task)
                     raise self._error(run.root_id, inp.ctx)
             try:
                 return task.result()
@@ -81,6 +80,19 @@ class RunControlInterceptor(Interceptor):
         return self.control.cancelled.get(root_id) or CancellationError(
             ctx.cancellation.reason or "cancelled"
         )
+
+
+async def _cancel_hard(task: asyncio.Future[Any], attempts: int = 50, interval_s: float = 0.1) -> None:
+    """Cancel `task` until it ends. One cancel is not enough: nats-py swallows a CancelledError that lands
+    inside its publish path, so a handler cancelled mid-publish would otherwise run on."""
+    for _ in range(attempts):
+        task.cancel()
+        done, _ = await asyncio.wait({task}, timeout=interval_s)
+        if done:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                task.result()
+            return
+    log.error("a handler ignored %d cancellations; leaving it behind", attempts)
 
 
 class RetryInterceptor(Interceptor):

@@ -163,7 +163,7 @@ class _Expiry:
         self._task = task
         self._loop = asyncio.get_running_loop()
         self._cancelling = task.cancelling()
-        self._cancelled = False
+        self._cancelled = 0
         self._timer = self._loop.call_later(delay, self._expire)
 
     def _expire(self) -> None:
@@ -171,16 +171,21 @@ class _Expiry:
         self._timer = self._loop.call_later(_GRACE_S, self._cancel_task)
 
     def _cancel_task(self) -> None:
-        self._cancelled = True
+        self._cancelled += 1
         self._task.cancel()
+        # Re-cancel until disarmed: nats-py swallows a CancelledError that lands inside its publish path.
+        self._timer = self._loop.call_later(0.1, self._cancel_task)
 
     def close(self) -> bool:
         """Disarm (idempotent); True when this expiry cancelled the task and no one else did."""
         self._timer.cancel()
         if not self._cancelled:
             return False
-        self._cancelled = False
-        return self._task.uncancel() <= self._cancelling
+        remaining = self._task.cancelling()
+        for _ in range(self._cancelled):
+            remaining = self._task.uncancel()
+        self._cancelled = 0
+        return remaining <= self._cancelling
 
 
 _tracer = trace.get_tracer("plexus.runtime")
