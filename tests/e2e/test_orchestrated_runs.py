@@ -28,7 +28,7 @@ from plexus.core import (
 from plexus.runtime import Runtime, escape_token
 from plexus.runtime._cluster import ServiceUnavailableError
 from plexus.runtime._leases import LeaseManager
-from plexus.runtime._orchestration import budget_counter_subject
+from plexus.runtime._orchestration import RunRecord, budget_counter_subject
 from tests.runtime.conftest import WorkerProcess
 
 from .conftest import OrchestratorProcess
@@ -93,6 +93,24 @@ async def recording(rt: Runtime, run_id: str) -> AsyncIterator[list[AgentProgres
             await task
 
 
+async def start_budgeted_tree(runtime: Runtime, key: str, agents: int, max_tokens: int) -> str:
+    """A root plus `agents - 1` leaves, each spending 100 tokens per step for 40 steps."""
+    return await runtime.start_run(
+        AgentId("root", key),
+        cmd(children=agents - 1, leaf={"steps": 40, "tokens": 100, "sleep": 0.05}),
+        budget=ExecutionBudget(max_tokens=max_tokens),
+        spawn_budget=SpawnBudget(max_agents=agents),
+    )
+
+
+async def assert_failed_on_budget(runtime: Runtime, record: RunRecord, agents: int, max_tokens: int) -> None:
+    """Failed on its token budget, over it only by increments in flight: at most one per agent."""
+    assert record.status == "failed"
+    assert (record.reason or "").startswith("Token budget exceeded:"), record.reason
+    total = await counter_total(runtime, record.run_id, "tokens")
+    assert max_tokens < total <= max_tokens + agents * 100, total
+
+
 def agent_events(events: list[AgentProgress]) -> list[AgentProgress]:
     """Events of the tree's agents (the orchestrator's own decision events may trail a cancel)."""
     return [e for e in events if not e.agent_id.startswith("orchestrator/")]
@@ -116,25 +134,15 @@ async def test_token_budget_holds_across_a_20_agent_tree_on_two_workers(
     worker_process(APP, *FAST)
     worker_process(APP, *FAST)
     await ready(runtime, 2)
-    run_id = await runtime.start_run(
-        AgentId("root", "budget"),
-        cmd(children=19, leaf={"steps": 40, "tokens": 100, "sleep": 0.05}),
-        budget=ExecutionBudget(max_tokens=4000),
-        spawn_budget=SpawnBudget(max_agents=20),
-    )
+    run_id = await start_budgeted_tree(runtime, "budget", agents=20, max_tokens=4000)
     async with recording(runtime, run_id) as events:
         record = await runtime.wait_run(run_id, timeout=60)
-        assert record.status == "failed"
-        assert record.reason is not None
-        assert record.reason.startswith("Token budget exceeded:"), record.reason
+        await assert_failed_on_budget(runtime, record, agents=20, max_tokens=4000)
         # Every agent stops: nothing more happens in the tree once it has failed.
         await asyncio.sleep(1.5)
         settled = len(agent_events(events))
         await asyncio.sleep(1.5)
         assert len(agent_events(events)) == settled
-    total = await counter_total(runtime, run_id, "tokens")
-    # Over the limit only by increments in flight when it was crossed: at most one per agent.
-    assert 4000 < total <= 4000 + 20 * 100, total
     started_pids = {pid_of(e) for e in events if e.step == "started" and e.agent_id.startswith("leaf/")}
     assert len(started_pids - {None}) == 2, "the tree ran on both workers"
     with pytest.raises(BudgetExhaustedError) as info:
@@ -328,18 +336,11 @@ async def test_killing_one_of_two_orchestrators_keeps_the_budget(
     worker_process(APP, *FAST)
     worker_process(APP, *FAST)
     await ready(runtime, 2)
-    run_id = await runtime.start_run(
-        AgentId("root", "ha"),
-        cmd(children=9, leaf={"steps": 40, "tokens": 100, "sleep": 0.05}),
-        budget=ExecutionBudget(max_tokens=2000),
-        spawn_budget=SpawnBudget(max_agents=10),
-    )
+    run_id = await start_budgeted_tree(runtime, "ha", agents=10, max_tokens=2000)
     await asyncio.sleep(0.5)
     os.kill(replicas[0].pid, signal.SIGKILL)
     record = await runtime.wait_run(run_id, timeout=60)
-    assert record.status == "failed"
-    assert (record.reason or "").startswith("Token budget exceeded:")
-    assert 2000 < await counter_total(runtime, run_id, "tokens") <= 2000 + 10 * 100
+    await assert_failed_on_budget(runtime, record, agents=10, max_tokens=2000)
     # The survivor also serves new runs from start to finish (start, spawn, reports, completion).
     second = await runtime.start_run(AgentId("root", "ha-after"), cmd(children=1, leaf={"steps": 2}))
     results = json.loads(_blocks_text(await runtime.run_result(second, timeout=30)))
