@@ -106,6 +106,9 @@ class Runtime:
         self._pending: dict[str, asyncio.Future[Reply]] = {}
         self._reply_sub: Any = None
         self._server: NatsServer | None = None
+        # Set when the NATS connection is closed for good (by `close()` or by nats-py after a fatal
+        # protocol error). A worker or service that finds it set must exit, never linger unregistered.
+        self.connection_closed = asyncio.Event()
         self.orchestrator = OrchestratorClient(self)
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._send_terminal)
@@ -127,7 +130,16 @@ class Runtime:
         name: str | None = None,
     ) -> Runtime:
         servers = [url] if isinstance(url, str) else list(url)
-        nc = await nats.connect(servers=servers, name=name or "plexus", max_reconnect_attempts=-1)
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        # nats-py closes a connection for good on some protocol errors (e.g. "maximum control line
+        # exceeded") even with unlimited reconnects: long-lived processes watch `connection_closed`.
+        nc = await nats.connect(
+            servers=servers, name=name or "plexus", max_reconnect_attempts=-1, closed_cb=on_closed
+        )
         topology = await ensure_topology(
             nc.jetstream(),
             prefix=prefix,
@@ -145,6 +157,7 @@ class Runtime:
             heartbeat_ttl_s=heartbeat_ttl_s,
             interceptors=interceptors,
         )
+        rt.connection_closed = closed
         await rt._start()
         return rt
 
