@@ -378,7 +378,7 @@ async def test_released_partition_gives_its_handler_slots_back(runtime: Runtime,
     async def dispatch(partition: int, msg: Any) -> None:
         raise AssertionError("nothing was published")
 
-    puller = _Puller(rt.js, stream, durable, 0, dispatch, slots)
+    puller = _Puller(rt.nc, stream, durable, 0, dispatch, slots)
     puller.start()
 
     async def fetching() -> tuple[bool, Any]:

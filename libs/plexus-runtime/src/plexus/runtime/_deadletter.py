@@ -19,6 +19,12 @@ __all__ = ["dead_letter"]
 log = logging.getLogger("plexus.worker")
 
 
+def _header_value(text: str, limit: int = 1000) -> str:
+    """`text` made safe for a NATS header: a CR or LF (exception texts, attacker-chosen ids) would end the
+    header block early and corrupt the copy."""
+    return " ".join(str(text)[:limit].splitlines())
+
+
 async def dead_letter(
     rt: Runtime, subjects: Subjects, worker_id: str, msg: Msg, reason: str, detail: str, env: Envelope | None
 ) -> bool:
@@ -31,15 +37,15 @@ async def dead_letter(
         dlq_subject = subjects.dlq("_invalid")
     headers = {
         "Plexus-Dlq-Reason": reason,
-        "Plexus-Dlq-Detail": detail[:1000],
+        "Plexus-Dlq-Detail": _header_value(detail),
         "Plexus-Dlq-Subject": msg.subject,
         "Plexus-Dlq-Worker": worker_id,
         "Plexus-Dlq-Size": str(len(msg.data)),
     }
     if env is not None and env.run is not None:
-        headers["Plexus-Dlq-Run"] = env.run.run_id
-        headers["Plexus-Dlq-Root"] = env.run.root_id
-        headers["Plexus-Dlq-Target"] = env.target[:1000]
+        headers["Plexus-Dlq-Run"] = _header_value(env.run.run_id)
+        headers["Plexus-Dlq-Root"] = _header_value(env.run.root_id)
+        headers["Plexus-Dlq-Target"] = _header_value(env.target)
     # Our headers make the copy bigger than the original; past max_payload the server would close the
     # connection (and the message would come back forever), so keep only a prefix of the body.
     room = rt.nc.max_payload - headers_size(headers)

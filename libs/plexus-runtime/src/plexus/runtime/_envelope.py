@@ -197,8 +197,8 @@ def _diagnose(data: bytes | bytearray | memoryview, what: str) -> None:
     """Slow path: classify input the typed decoder refused (or that lacks our head) as garbage or version."""
     try:
         obj = _ANY_DECODER.decode(data)
-    except msgspec.DecodeError as exc:
-        raise WireError("garbage", f"{what} is not JSON: {exc}") from None
+    except Exception as exc:  # not only DecodeError: deep nesting, bad UTF-8, … are bad input too
+        raise WireError("garbage", f"{what} is not JSON: {type(exc).__name__}: {exc}") from None
     if not isinstance(obj, dict):
         raise WireError("garbage", f"{what} must be a JSON object, got {type(obj).__name__}")
     if "v" not in obj:
@@ -218,8 +218,10 @@ def _decode(data: bytes | bytearray | memoryview, decoder: msgspec.json.Decoder[
     except msgspec.ValidationError as exc:
         _diagnose(data, what)  # raises when the version is the problem, not the schema
         raise WireError("schema", f"{what}: {exc}") from None
-    except msgspec.DecodeError as exc:
-        raise WireError("garbage", f"{what} is not JSON: {exc}") from None
+    except WireError:
+        raise
+    except Exception as exc:  # DecodeError, RecursionError, UnicodeDecodeError, …: all bad input
+        raise WireError("garbage", f"{what} is not JSON: {type(exc).__name__}: {exc}") from None
     if msg.v != WIRE_VERSION:
         raise WireError(
             "version", f"{what} has wire version {msg.v!r}; this node reads version {WIRE_VERSION}"
@@ -244,14 +246,15 @@ def decode_envelope(data: bytes | bytearray | memoryview, headers: Mapping[str, 
     if headers is None or HDR_VERSION not in headers:
         raise WireError("header", f"the {HDR_VERSION} header is missing")
     major = headers[HDR_VERSION].split(".", 1)[0].strip()
-    if not (major.isascii() and major.isdigit()):
+    # The length cap keeps `int()` away from its digit limit (a ValueError that is not a WireError).
+    if not (major.isascii() and major.isdigit() and len(major) <= 9):
         raise WireError(
-            "header", f"the {HDR_VERSION} header {headers[HDR_VERSION]!r} is not a version number"
+            "header", f"the {HDR_VERSION} header {headers[HDR_VERSION][:32]!r} is not a version number"
         )
     if int(major) != WIRE_VERSION:
         raise WireError(
             "version",
-            f"{HDR_VERSION} {headers[HDR_VERSION]!r}: this node reads wire version {WIRE_VERSION}",
+            f"{HDR_VERSION} {headers[HDR_VERSION][:32]!r}: this node reads wire version {WIRE_VERSION}",
         )
     env = decode_envelope_body(data)
     msg_id = headers.get(HDR_MSG_ID)
@@ -291,6 +294,8 @@ def blocks_from_payload(raw: msgspec.Raw) -> list[BaseBlock]:
         return content_blocks_from_json(bytes(raw))
     except ValidationError as exc:
         raise WireError("schema", f"payload blocks do not validate: {exc}") from None
+    except Exception as exc:  # deep nesting, bad UTF-8 inside a string, …: bad input, not a crash
+        raise WireError("schema", f"payload blocks do not decode: {type(exc).__name__}: {exc}") from None
 
 
 def _check_header(name: str, value: str) -> None:

@@ -10,9 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
+import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
@@ -30,24 +34,36 @@ Dispatch = Callable[[int, Msg, Callable[[], None]], Awaitable[None]]
 
 
 class _Puller:
-    """Pulls one partition's consumer and hands messages to `dispatch` while slots are free."""
+    """Pulls one partition's consumer and hands messages to `dispatch` while slots are free.
+
+    Pull requests are made here rather than through nats-py's `fetch`, which takes any message carrying a
+    ``Status`` header for a server status line: a client could make its message invisible (never handled,
+    never acked, redelivered forever) by adding ``Status: 404``. Here a JetStream delivery is recognised by
+    its ``$JS.ACK.`` reply subject, which a real status message never has.
+    """
+
+    #: How long the server keeps one pull request open (it answers 408 when it expires unfilled).
+    EXPIRES_S = 1.0
 
     def __init__(
         self,
-        js: JetStreamContext,
+        nc: NATS,
         stream: str,
         durable: str,
         partition: int,
         dispatch: Callable[[int, Msg], Awaitable[None]],
         slots: asyncio.Semaphore,
+        max_batch: int = 64,
     ) -> None:
-        self.js = js
+        self.nc = nc
+        self.max_batch = max_batch
         self.stream = stream
         self.durable = durable
         self.partition = partition
         self.dispatch = dispatch
         self.slots = slots
         self.task: asyncio.Task[None] | None = None
+        self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"pull:{self.durable}")
@@ -60,43 +76,66 @@ class _Puller:
             self.task = None
 
     async def _run(self) -> None:
-        sub = await self.js.pull_subscribe_bind(self.durable, stream=self.stream)
+        inbox = self.nc.new_inbox()
+        sub = await self.nc.subscribe(inbox)
+        request = json.dumps({"batch": 0, "expires": int(self.EXPIRES_S * 1e9)})
         try:
             while True:
-                # Never fetch more than we have free handler slots for: memory stays bounded and unfetched
+                # Never ask for more than we have free handler slots for: memory stays bounded and unfetched
                 # messages stay in the stream where another owner could take them.
                 await self.slots.acquire()
                 free = 1
-                while free < 64 and not self.slots.locked():
+                while free < self.max_batch and not self.slots.locked():
                     await self.slots.acquire()
                     free += 1
+                got = 0
+                failed = False
                 try:
-                    msgs = await sub.fetch(free, timeout=1.0)
-                except TimeoutError:
-                    msgs = []
+                    body = request.replace('"batch": 0', f'"batch": {free}', 1).encode()
+                    await self.nc.publish(self._next_subject, body, reply=inbox)
+                    got, failed = await self._receive(sub, free)
                 except asyncio.CancelledError:
-                    # Stopped mid-fetch (partition released or lost): hand the slots back, or the worker
-                    # would keep fewer handler slots after every rebalance and finally stop pulling at all.
-                    for _ in range(free):
+                    # Stopped mid-pull (partition released or lost): hand the slots back, or the worker would
+                    # keep fewer handler slots after every rebalance and finally stop pulling at all.
+                    for _ in range(free - got):
                         self.slots.release()
                     raise
-                except Exception as exc:  # a deleted consumer (partition lost) or a reconnect
-                    log.debug("fetch on %s failed: %s", self.durable, exc)
-                    msgs = []
-                    for _ in range(free):  # before the pause, which a stop() may cancel
-                        self.slots.release()
-                    free = 0
-                    await asyncio.sleep(0.2)
-                for _ in range(free - len(msgs)):
+                except Exception as exc:  # a reconnect: the request is lost, ask again
+                    log.debug("pull on %s failed: %s", self.durable, exc)
+                    failed = True
+                for _ in range(free - got):  # before the pause, which a stop() may cancel
                     self.slots.release()
-                for msg in msgs:
-                    try:
-                        await self.dispatch(self.partition, msg)
-                    except Exception:  # e.g. an ack during a reconnect: never let the puller die silently
-                        log.exception("dispatch on %s failed; the message will be redelivered", self.durable)
+                if failed:
+                    await asyncio.sleep(0.2)
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _receive(self, sub: Any, wanted: int) -> tuple[int, bool]:
+        """Dispatch the deliveries answering one pull request: (how many, whether the request failed)."""
+        got = 0
+        deadline = time.monotonic() + self.EXPIRES_S + 1.0
+        while got < wanted:
+            try:
+                msg: Msg = await sub.next_msg(timeout=max(deadline - time.monotonic(), 0.01))
+            except TimeoutError:
+                return got, False  # the 408 was lost (e.g. a reconnect): ask again
+            if msg.reply and msg.reply.startswith("$JS.ACK."):
+                got += 1
+                try:
+                    await self.dispatch(self.partition, msg)
+                except Exception:  # never let the puller die silently
+                    log.exception("dispatch on %s failed; the message will be redelivered", self.durable)
+                continue
+            status = (msg.headers or {}).get("Status", "")
+            if status == "100":  # idle heartbeat / flow control
+                continue
+            if status in ("404", "408"):  # no messages now / the request expired
+                return got, False
+            # 409 (consumer deleted: the partition was lost, leadership change), 503 (no responders), …
+            log.debug("pull on %s ended with status %r", self.durable, status)
+            return got, True
+        return got, False
 
 
 class PartitionOwner:
@@ -105,6 +144,7 @@ class PartitionOwner:
     def __init__(
         self,
         *,
+        nc: NATS,
         js: JetStreamContext,
         leases: LeaseManager,
         subjects: Subjects,
@@ -119,7 +159,13 @@ class PartitionOwner:
         max_ack_pending: int,
         on_lost: Callable[[int], None],
         on_taken: Callable[[int], None] | None = None,
+        max_batch: int = 64,
     ) -> None:
+        self.nc = nc
+        #: Slots one pull request may reserve. Idle partitions hold theirs until the request expires, so
+        #: the worker caps this to leave every puller an open request (else a partition could wait for
+        #: another's request to expire, ~1 s, before its first message is even fetched).
+        self.max_batch = max_batch
         self.js = js
         self.leases = leases
         self.subjects = subjects
@@ -139,6 +185,10 @@ class PartitionOwner:
         #: renewed) until that work is acked, so the next owner never runs it a second time concurrently.
         self.handing_over: dict[int, Lease] = {}
         self.inflight: dict[int, int] = {}
+        #: Monotonic time until which each held lease is certainly ours: the start of its last successful
+        #: acquire/renew request plus the TTL. A worker that stalled (SIGSTOP, GC, frozen VM) past it may
+        #: have lost the partition without knowing yet, so it must not start that partition's work.
+        self.fresh_until: dict[int, float] = {}
         self.draining = False
 
     def _lease_key(self, p: int) -> str:
@@ -155,13 +205,24 @@ class PartitionOwner:
         """Whether work fetched from partition `p` may still run here (owned, or being handed over)."""
         return p in self.owned or p in self.handing_over
 
+    def may_start(self, p: int) -> bool:
+        """Whether a message of partition `p` may start now: served here and the lease surely still ours."""
+        return self.serves(p) and time.monotonic() < self.fresh_until.get(p, 0.0)
+
+    async def _renew(self, p: int, lease: Lease) -> Lease | None:
+        started = time.monotonic()
+        renewed = await self.leases.renew(lease)
+        if renewed is not None:
+            self.fresh_until[p] = started + self.leases.ttl_s
+        return renewed
+
     def _done(self, p: int) -> None:
         self.inflight[p] -= 1
 
     async def _finish_handovers(self) -> None:
         for p, lease in list(self.handing_over.items()):
             if self.inflight.get(p, 0) > 0:
-                renewed = await self.leases.renew(lease)
+                renewed = await self._renew(p, lease)
                 if renewed is not None:
                     self.handing_over[p] = renewed
                     continue
@@ -173,7 +234,7 @@ class PartitionOwner:
         """One round: renew what we hold, release surplus, acquire free partitions up to our share."""
         await self._finish_handovers()
         for p, (lease, puller) in list(self.owned.items()):
-            renewed = await self.leases.renew(lease)
+            renewed = await self._renew(p, lease)
             if renewed is None:
                 log.warning("lost lease on %s partition %d", self.agent_type, p)
                 await self._drop(p, release=False)
@@ -199,8 +260,10 @@ class PartitionOwner:
         for p in to_release:
             await self._drop(p, release=True)
         for p in to_acquire:
+            started = time.monotonic()
             acquired = await self.leases.try_acquire(self._lease_key(p))
             if acquired is not None:
+                self.fresh_until[p] = started + self.leases.ttl_s
                 await self._take(p, acquired)
 
     async def _take(self, p: int, lease: Lease) -> None:
@@ -223,7 +286,7 @@ class PartitionOwner:
             # Whatever this worker cached for the partition's agents may be older than what another owner
             # committed meanwhile: forget it, so activations reload from the newest checkpoint.
             self.on_taken(p)
-        puller = _Puller(self.js, self.stream, durable, p, self._on_message, self.slots)
+        puller = _Puller(self.nc, self.stream, durable, p, self._on_message, self.slots, self.max_batch)
         puller.start()
         self.owned[p] = (lease, puller)
         log.info("%s took %s partition %d", self.worker_id, self.agent_type, p)

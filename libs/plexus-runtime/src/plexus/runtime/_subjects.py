@@ -39,6 +39,7 @@ __all__ = [
     "inbox_partition",
     "inbox_transform",
     "lease_key",
+    "reply_subject_problem",
     "stream_subjects",
     "unescape_token",
 ]
@@ -170,6 +171,29 @@ def _check(subject: str, limit: int = MAX_SUBJECT_BYTES) -> str:
     if len(subject) > limit:
         raise SubjectTooLongError(subject, limit)
     return subject
+
+
+#: Reply addresses live under the NATS inbox namespace (nats-py's and every official client's default), never
+#: under a Plexus prefix: a reply aimed at `px.<ns>.evlog.…` would write into another agent's EventLog.
+REPLY_PREFIX = "_INBOX."
+#: Our own reply subjects are ~60 bytes; anything near the 4096-byte protocol line would make nats-server
+#: close the replying worker's connection ("maximum control line exceeded").
+MAX_REPLY_BYTES = 256
+_REPLY_RE = re.compile(r"_INBOX(?:\.[A-Za-z0-9_-]+)+")
+
+
+def reply_subject_problem(subject: object) -> str | None:
+    """Why `subject` may not receive a reply (None when it may): too long, outside the inbox namespace
+    (``_INBOX.<token>…``), or with a token outside ``[A-Za-z0-9_-]`` (wildcards, spaces, empty tokens)."""
+    if not isinstance(subject, str):
+        return f"a reply address must be a string, got {type(subject).__name__}"
+    if len(subject.encode()) > MAX_REPLY_BYTES:
+        return f"reply address of {len(subject.encode())} bytes exceeds {MAX_REPLY_BYTES}"
+    if not subject.startswith(REPLY_PREFIX):
+        return f"reply address {subject[:64]!r} is not under {REPLY_PREFIX!r}"
+    if _REPLY_RE.fullmatch(subject) is None:
+        return f"reply address {subject[:64]!r} has an empty token or a character outside [A-Za-z0-9_-]"
+    return None
 
 
 def _check_prefix(prefix: str) -> str:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, MessageId, RunId
+from plexus.core import AgentId, BaseBlock, MessageId, RunId
 
 from ._agent import AgentType
 from ._envelope import Envelope, Reply
@@ -47,8 +49,13 @@ class _Work:
     agent_type: AgentType
     agent_id: AgentId
     durable: bool
+    blocks: list[BaseBlock] = field(default_factory=list)
     done: Callable[[], None] = _nothing
     partition: int | None = None
+    #: The running handler (durable work only), so a lost lease can stop it.
+    task: asyncio.Future[Any] | None = None
+    #: Set when the partition's lease was lost: the message must not start, or commit, here.
+    lease_lost: bool = False
 
     __hash__ = object.__hash__
 

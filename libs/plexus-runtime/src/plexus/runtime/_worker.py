@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any, Literal
 
 import msgspec
@@ -25,7 +25,6 @@ from plexus.core import (
     ConcurrentAppendError,
     HandlerError,
     KernelError,
-    ProtocolError,
     ReplyMessage,
     RunMessageReceived,
 )
@@ -38,19 +37,15 @@ from ._checkpoints import CheckpointConflictError, CheckpointStore
 from ._client import Runtime
 from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from ._context import Context
-from ._control import RetryInterceptor, RunControlInterceptor
-from ._deadletter import dead_letter
+from ._control import RetryInterceptor, RunControlInterceptor, _cancel_hard
 from ._envelope import (
-    HDR_MSG_ID,
     Envelope,
     Reply,
-    WireError,
-    blocks_from_payload,
-    decode_envelope,
     decode_reply,
     encode_reply,
     payload_from_blocks,
 )
+from ._intake import Intake
 from ._interceptors import (
     DeadlineInterceptor,
     HandleInput,
@@ -58,17 +53,27 @@ from ._interceptors import (
     chain,
 )
 from ._leases import LeaseManager
-from ._orchestration import CancelNotice, FinishedReport, PauseNotice
+from ._orchestration import (
+    CancelNotice,
+    FinishedReport,
+    InvalidRunRequest,
+    PauseNotice,
+    RunNotFoundError,
+    RunStateError,
+)
 from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
-from ._subjects import SubjectTooLongError, checkpoint_key, escape_token, inbox_partition
-from ._supervisor import new_root_run
-from ._work import WorkerConfig, _envelope_problem, _is_run_entry, _JsDelivery, _reply_text, _Work
+from ._subjects import checkpoint_key, escape_token, inbox_partition
+from ._work import WorkerConfig, _is_run_entry, _JsDelivery, _reply_text, _Work
 
 __all__ = ["Worker", "WorkerConfig"]
 
 
 log = logging.getLogger("plexus.worker")
+
+
+class _LeaseLost(Exception):
+    """The partition's lease was lost while the message ran: its new owner handles it, we commit nothing."""
 
 
 class Worker:
@@ -89,8 +94,10 @@ class Worker:
             lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
             lambda aid: runtime.event_log(aid).last_seq(),
         )
+        self._intake = Intake(app, runtime, self.worker_id)
         self._owners: dict[str, PartitionOwner] = {}
         self._unacked: set[_Work] = set()
+        self._stoppers: set[asyncio.Future[None]] = set()  # handlers being stopped after a lost lease
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
         self._control_subs: list[Any] = []
@@ -127,9 +134,13 @@ class Worker:
             )
         await self._heartbeat()
         leases = LeaseManager(self.rt.topology.leases, self.worker_id, self.config.lease_ttl_s)
+        durable_types = sum(1 for t in self.app.types.values() if t.durable)
+        # Every partition of every durable type may be ours: each must be able to hold a pull request open.
+        max_batch = max(1, min(64, self.config.concurrency * 4 // max(1, durable_types * self.rt.partitions)))
         for agent_type in self.app.types.values():
             if agent_type.durable:
                 self._owners[agent_type.name] = PartitionOwner(
+                    nc=self.rt.nc,
                     js=self.rt.js,
                     leases=leases,
                     subjects=self.rt.subjects_for(agent_type.namespace),
@@ -144,6 +155,7 @@ class Worker:
                     max_ack_pending=self.config.concurrency * 8,
                     on_lost=self._partition_lost(agent_type.name),
                     on_taken=self._partition_taken(agent_type.name),
+                    max_batch=max_batch,
                 )
             else:
                 subjects = self.rt.subjects_for(agent_type.namespace)
@@ -216,6 +228,13 @@ class Worker:
                 "partition %s/%d lost; dropping its activations and queued work", agent_type, partition
             )
             self._forget_partition(agent_type, partition)
+            for work in list(self._unacked):
+                if work.agent_type.name == agent_type and work.partition == partition:
+                    work.lease_lost = True  # queued: never started; running: stopped, not committed
+                    if work.task is not None:
+                        stopper = asyncio.ensure_future(_cancel_hard(work.task))
+                        self._stoppers.add(stopper)
+                        stopper.add_done_callback(self._stoppers.discard)
 
         return lost
 
@@ -231,19 +250,19 @@ class Worker:
                     await work.msg.in_progress()
 
     async def _on_cancel(self, msg: Msg) -> None:
-        try:
+        try:  # any exception: deep nesting, bad UTF-8 and unbuildable errors are bad input, not crashes
             notice = msgspec.json.decode(msg.data, type=CancelNotice)
-        except msgspec.DecodeError:
-            log.warning("ignoring a malformed cancel notice on %s", msg.subject)
+            self.control.on_cancel(notice)
+        except Exception as exc:
+            log.warning("ignoring a malformed cancel notice on %s: %s", msg.subject, type(exc).__name__)
             return
-        self.control.on_cancel(notice)
         self._run_control.cancel_tree(notice.root_id, notice.reason)
 
     async def _on_pause(self, msg: Msg) -> None:
         try:
             self.control.on_pause(msgspec.json.decode(msg.data, type=PauseNotice))
-        except msgspec.DecodeError:
-            log.warning("ignoring a malformed pause notice on %s", msg.subject)
+        except Exception as exc:
+            log.warning("ignoring a malformed pause notice on %s: %s", msg.subject, type(exc).__name__)
 
     async def _passivate(self) -> None:
         busy = self._mailboxes.busy_keys
@@ -284,101 +303,43 @@ class Worker:
 
     # -- intake ---------------------------------------------------------------------------------------
     async def _dispatch_durable(self, partition: int, msg: Msg, done: Callable[[], None]) -> None:
-        work = await self._intake(msg, durable=True)
-        if work is None:
-            self._inflight.release()
-            done()
-            return
-        work.done = done
-        work.partition = partition
-        self._unacked.add(work)
-        self._mailboxes.put(work.agent_id, work)
+        queued = False
+        try:
+            work = await self._intake.read(msg, durable=True)
+            if work is not None:
+                work.done = done
+                work.partition = partition
+                self._unacked.add(work)
+                self._mailboxes.put(work.agent_id, work)
+                queued = True
+        finally:
+            if not queued:  # in `finally`: whatever happened, the message's slot is never leaked
+                self._inflight.release()
+                done()
 
     async def _on_ephemeral(self, msg: Msg) -> None:
-        work = await self._intake(msg, durable=False)
+        work = await self._intake.read(msg, durable=False)
         if work is not None:
             self._mailboxes.put(work.agent_id, work)
 
-    async def _intake(self, msg: Msg, *, durable: bool) -> _Work | None:
-        """Decode and route; bad input is dead-lettered (and answered when a reply address is known)."""
-        try:
-            env = decode_envelope(msg.data, msg.headers)
-        except WireError as exc:
-            await self._dead_letter(msg, exc.reason, str(exc), None)
-            return None
-        try:
-            agent_id = AgentId.parse(env.target)
-        except ValueError as exc:
-            await self._dead_letter(msg, "target", str(exc), env)
-            return None
-        agent_type = self.app.get(agent_id.type)
-        if agent_type is None or agent_type.namespace != agent_id.namespace:
-            from plexus.core import AgentNotFoundError
-
-            await self._dead_letter(msg, "unregistered", f"no agent type {agent_id.type!r} here", env)
-            await self._reply(
-                env, msg, Reply(id=env.id, ok=False, error=AgentNotFoundError(agent_id).to_wire())
-            )
-            return None
-        if not self._arrived_for(msg.subject, agent_id, durable):
-            # Running it would activate the agent from another key's partition: two activations at once.
-            await self._dead_letter(msg, "target", f"{env.target!r} arrived on {msg.subject!r}", env)
-            return None
-        try:
-            checkpoint_key(agent_id.namespace, agent_id.type, agent_id.key)
-        except SubjectTooLongError as exc:  # its activation could never load or save a checkpoint
-            await self._dead_letter(msg, "target", str(exc), env)
-            return None
-        problem = _envelope_problem(env)
-        if problem is not None:
-            # Caught here, not when the EventLog entry fails to validate at commit: that would leave the
-            # message unacked and redeliver it forever.
-            await self._dead_letter(msg, "schema", problem, env)
-            return None
-        if env.run is None:  # a foreign sender may omit it: the message starts a run, as a client's does
-            env = msgspec.structs.replace(env, run=new_root_run())
-        return _Work(msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable)
-
-    def _arrived_for(self, subject: str, agent_id: AgentId, durable: bool) -> bool:
-        """Whether `subject` is the inbox of `agent_id` (the one its partition and mailbox follow)."""
-        subjects = self.rt.subjects_for(agent_id.namespace)
-        try:
-            if durable:
-                agent_type, key, _ = subjects.parse_partitioned(subject)
-            else:
-                agent_type, key = subjects.parse_ephemeral(subject)
-        except ValueError:
-            return False
-        return (agent_type, key) == (agent_id.type, agent_id.key)
-
     async def _dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
-        if not await self._dlq_copy(msg, reason, detail, env):
-            return
-        error = ProtocolError(f"message rejected ({reason}): {detail}")
-        if env is not None and reason != "unregistered":
-            await self._reply(env, msg, Reply(id=env.id, ok=False, error=error.to_wire()))
-        elif env is None and msg.reply and not msg.reply.startswith("$JS."):
-            # A core request names its reply address outside the body: answer even undecodable bytes.
-            msg_id = (msg.headers or {}).get(HDR_MSG_ID, "")
-            await self._publish_reply(
-                msg.reply, encode_reply(Reply(id=msg_id, ok=False, error=error.to_wire()))
-            )
-        if msg.reply and msg.reply.startswith("$JS.ACK"):
-            await msg.ack()
+        await self._intake.dead_letter(msg, reason, detail, env)
 
     async def _dlq_copy(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> bool:
-        """Publish a copy of `msg` with the reason to the dead-letter stream; False if that failed."""
-        return await dead_letter(
-            self.rt, self.rt.subjects_for(self.app.namespace), self.worker_id, msg, reason, detail, env
-        )
+        return await self._intake.dlq_copy(msg, reason, detail, env)
 
     # -- handling -------------------------------------------------------------------------------------
     async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
         try:
             owner = self._owners.get(work.agent_type.name) if work.durable else None
-            if owner is not None and work.partition is not None and not owner.serves(work.partition):
-                return  # its partition moved on while it was queued: the new owner runs it, we must not
+            if owner is not None and work.partition is not None and not owner.may_start(work.partition):
+                # Its partition moved on while it was queued, or this worker stalled past its lease and may
+                # have lost it without knowing yet: the owner runs it (not acked here), we must not.
+                return
             await self._handle_in_order(work)
+        except _LeaseLost:
+            log.warning("lease of %s lost while its handler ran; left to the partition's owner", agent_id)
+            self._activations.drop(agent_id)
         except (ConcurrentAppendError, CheckpointConflictError) as exc:
             # Another activation of this agent committed first: we are a zombie. Drop our copy and leave
             # the message unacked; the partition's owner handles it.
@@ -398,7 +359,7 @@ class Worker:
             try:
                 await self._handle(work)
                 return
-            except (ConcurrentAppendError, CheckpointConflictError):
+            except (ConcurrentAppendError, CheckpointConflictError, _LeaseLost):
                 raise
             except Exception as exc:
                 log.warning("handling %s failed (attempt %d/%d): %r", work.env.id, attempt, attempts, exc)
@@ -422,11 +383,13 @@ class Worker:
         activation = await self._activations.activate(agent_id, agent_type)
         seen, stored_reply = activation.reply_for(env.id)
         if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
-            if stored_reply is not None and work.reply_to:
-                await self._publish_reply(work.reply_to, stored_reply)
-            if stored_reply is not None and not await self._report_finished(env, decode_reply(stored_reply)):
-                return  # not acked: redelivered later, when the orchestrator may be back
-            await self._ack(work)
+            reported = True
+            if stored_reply is not None:
+                reported = await self._report_finished(work, decode_reply(stored_reply))
+                if work.reply_to:
+                    await self._publish_reply(work.reply_to, stored_reply)
+            if reported:  # else not acked: redelivered later, when the orchestrator may be back
+                await self._ack(work)
             return
         ctx = Context(
             agent_id=agent_id,
@@ -443,6 +406,8 @@ class Worker:
             reply = await self._execute(activation, work, ctx)
         finally:
             self._backend.unbind(ctx)
+        if work.lease_lost:
+            raise _LeaseLost()
         # A run's entry message keeps its reply even without a caller: a redelivery re-sends the run's end.
         encoded = encode_reply(reply) if work.reply_to or _is_run_entry(env) else None
         if encoded is not None and len(encoded) > self.rt.nc.max_payload:
@@ -452,17 +417,21 @@ class Worker:
             encoded = encode_reply(reply)
         if work.durable:
             await self._commit(activation, work, ctx, reply, encoded)
+        # The run's end is reported before the caller hears of it: the report frees the run's spawn slot,
+        # and a parent that spawns its next child on this reply must find that slot free.
+        reported = await self._report_finished(work, reply)
         if encoded is not None and work.reply_to:
             await self._publish_reply(work.reply_to, encoded)
-        if not await self._report_finished(env, reply):
-            return  # not acked: redelivered after ack_wait and answered from the checkpoint, report included
-        await self._ack(work)
+        if reported:  # else not acked: redelivered after ack_wait and answered from the checkpoint
+            await self._ack(work)
 
-    async def _report_finished(self, env: Envelope, reply: Reply) -> bool:
+    async def _report_finished(self, work: _Work, reply: Reply) -> bool:
         """Tell the orchestrator a run ended, when this message was a run's entry (its spawn or start).
 
-        False when the report could not be delivered: the caller must not ack, so the run's end is never
-        lost with the message."""
+        False when no orchestrator could be reached: the caller must not ack, so the run's end is never
+        lost with the message. An answer that refuses the report (an unknown run: a forged or foreign
+        envelope) is final: the message is dead-lettered and may be acked, never redelivered forever."""
+        env = work.env
         run = env.run
         if run is None or not _is_run_entry(env):
             return True
@@ -473,7 +442,12 @@ class Worker:
         report = FinishedReport(run_id=run.run_id, status=status, output=reply.payload, error=reply.error)
         try:
             await self.orchestrator.call("finished", report, dict, namespace=self.app.namespace)
-        except KernelError as exc:
+        except (RunNotFoundError, InvalidRunRequest, RunStateError) as exc:
+            log.warning("the orchestrator refused the end of run %s: %s", run.run_id, exc)
+            if not work.durable:
+                return True
+            return await self._dlq_copy(work.msg, "report_rejected", f"{type(exc).__name__}: {exc}", env)
+        except KernelError as exc:  # no replica answered, or one failed: the report may succeed later
             log.warning("could not report the end of run %s (will retry on redelivery): %s", run.run_id, exc)
             return False
         return True
@@ -481,8 +455,8 @@ class Worker:
     async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
         env = work.env
         try:
-            blocks = await self.rt.artifacts.resolve(blocks_from_payload(env.payload))
-            result = await self._handle_chain(
+            blocks = await self.rt.artifacts.resolve(work.blocks)
+            handle = self._handle_chain(
                 HandleInput(
                     agent=activation.agent,
                     agent_type=work.agent_type,
@@ -493,6 +467,7 @@ class Worker:
                     headers=dict(work.msg.headers or {}),
                 )
             )
+            result = await self._run_handler(work, handle) if work.durable else await handle
             payload = payload_from_blocks(await self.rt.artifacts.offload(result or []))
             return Reply(id=env.id, ok=True, payload=payload, handled_by=self.worker_id)
         except KernelError as exc:
@@ -503,6 +478,23 @@ class Worker:
         except Exception as exc:
             error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))
             return Reply(id=env.id, ok=False, error=error.to_wire(), handled_by=self.worker_id)
+
+    async def _run_handler(
+        self, work: _Work, handle: Coroutine[Any, Any, list[BaseBlock] | None]
+    ) -> list[BaseBlock] | None:
+        """Run a durable message's handler in a task of its own, so losing the partition's lease can stop
+        it (`_partition_lost`) without stopping the key's mailbox."""
+        work.task = asyncio.ensure_future(handle)
+        try:
+            return await asyncio.shield(work.task)
+        except asyncio.CancelledError:
+            current = asyncio.current_task()
+            if work.lease_lost and (current is None or not current.cancelling()):
+                return None  # `_handle` turns this into _LeaseLost: nothing is committed, nothing acked
+            work.task.cancel()
+            raise
+        finally:
+            work.task = None
 
     async def _invoke(self, inp: HandleInput) -> list[BaseBlock] | None:
         return await inp.agent.on_message(inp.blocks, inp.ctx)
@@ -535,12 +527,7 @@ class Worker:
             await work.msg.ack()
 
     async def _reply(self, env: Envelope, msg: Msg, reply: Reply) -> None:
-        # The same preference as `_Work.reply_to`: a core requester waits on msg.reply, not on the body's.
-        core = None if (msg.reply or "").startswith("$JS.") else msg.reply
-        target = core or env.reply_to
-        if target:
-            await self._publish_reply(target, encode_reply(reply))
+        await self._intake.reply(env, msg, reply)
 
     async def _publish_reply(self, target: str, data: bytes) -> None:
-        with contextlib.suppress(Exception):  # a caller that went away is not our failure
-            await self.rt.nc.publish(target, data)
+        await self._intake.publish_reply(target, data)

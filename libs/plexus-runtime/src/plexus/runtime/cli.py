@@ -26,7 +26,7 @@ from ._client import Runtime
 from ._server import NatsServer
 from ._worker import Worker, WorkerConfig
 
-__all__ = ["CliError", "load_object", "main"]
+__all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
 
 log = logging.getLogger("plexus.cli")
 
@@ -134,10 +134,32 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
         loop.add_signal_handler(sig, stop.set)
     await worker.start()
     print(f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {args.nats}", flush=True)
-    await stop.wait()
+    if not await until_stopped(stop, rt):
+        # Nothing can be finished or released without a connection; unacked work goes to the next owner.
+        raise ConnectionLostError(
+            "the NATS connection was closed for good; exiting so a supervisor can restart us"
+        )
     print("plexus worker: stopping (finishing in-flight work)", flush=True)
     await worker.stop()
     await rt.close()
+
+
+class ConnectionLostError(CliError):
+    """The process's NATS connection is gone for good (exit status 1)."""
+
+
+async def until_stopped(stop: asyncio.Event, rt: Runtime) -> bool:
+    """Wait for `stop` (True) or for the runtime's connection to close for good (False).
+
+    nats-py gives up a connection for good after some server errors even with unlimited reconnects; a
+    process that went on would linger unregistered, serving nothing. Long-lived processes exit instead."""
+    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rt.connection_closed.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waits:
+            waiter.cancel()
+    return stop.is_set() or not rt.connection_closed.is_set()
 
 
 async def _types(args: argparse.Namespace) -> None:
@@ -239,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             if handler is None:
                 parser.error(f"unknown command {args.command!r}")
             return int(handler(args) or 0)
+    except ConnectionLostError as exc:
+        print(f"plexus: error: {exc}", file=sys.stderr)
+        return 1
     except CliError as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,167 @@
+"""Intake: turn a received NATS message into one unit of work, or dead-letter it with a typed answer.
+
+Every check a message must pass before a handler may see it lives here: the wire decode, the target, the
+subject it arrived on, ids usable in EventLog entries, and the reply address. Any exception while reading a
+message is bad input (dead-lettered and acked), never a crash of the worker or a leaked handler slot; a reply
+is only ever published to a reply subject (`_INBOX.…`), never into Plexus's own state subjects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING
+
+import msgspec
+from nats.aio.msg import Msg
+
+from plexus.core import AgentId, AgentNotFoundError, ProtocolError
+
+from ._agent import App
+from ._deadletter import dead_letter
+from ._envelope import (
+    HDR_MSG_ID,
+    Envelope,
+    Reply,
+    WireError,
+    blocks_from_payload,
+    decode_envelope,
+    encode_reply,
+)
+from ._subjects import SubjectTooLongError, checkpoint_key, reply_subject_problem
+from ._supervisor import new_root_run
+from ._work import _envelope_problem, _Work
+
+if TYPE_CHECKING:
+    from ._client import Runtime
+
+__all__ = ["Intake"]
+
+log = logging.getLogger("plexus.worker")
+
+_JS_PREFIX = "$JS."
+
+
+class Intake:
+    """Reads messages for the agent types of `app` hosted by worker `worker_id`."""
+
+    def __init__(self, app: App, rt: Runtime, worker_id: str) -> None:
+        self.app = app
+        self.rt = rt
+        self.worker_id = worker_id
+
+    async def read(self, msg: Msg, *, durable: bool) -> _Work | None:
+        """The work `msg` carries, or None when it was dead-lettered (and answered, and acked)."""
+        try:
+            return await self._read(msg, durable)
+        except Exception as exc:  # a check we did not foresee: still bad input, never a stuck message
+            log.exception("intake of a message on %s failed", msg.subject)
+            await self.dead_letter(msg, "garbage", f"{type(exc).__name__}: {exc}", None)
+            return None
+
+    async def _read(self, msg: Msg, durable: bool) -> _Work | None:
+        core_reply = None if durable else msg.reply
+        if core_reply:
+            problem = reply_subject_problem(core_reply)
+            if problem is not None:
+                await self.dead_letter(msg, "reply_to", problem, None)
+                return None
+        try:
+            env = decode_envelope(msg.data, msg.headers)
+        except WireError as exc:
+            await self.dead_letter(msg, exc.reason, str(exc), None)
+            return None
+        if env.reply_to is not None:
+            problem = reply_subject_problem(env.reply_to)
+            if problem is not None:
+                # Answering would publish to an address we refuse: the caller (if any) times out.
+                await self.dead_letter(msg, "reply_to", problem, msgspec.structs.replace(env, reply_to=None))
+                return None
+        try:
+            agent_id = AgentId.parse(env.target)
+        except ValueError as exc:
+            await self.dead_letter(msg, "target", str(exc), env)
+            return None
+        agent_type = self.app.get(agent_id.type)
+        if agent_type is None or agent_type.namespace != agent_id.namespace:
+            await self.dead_letter(msg, "unregistered", f"no agent type {agent_id.type!r} here", env)
+            await self.reply(
+                env, msg, Reply(id=env.id, ok=False, error=AgentNotFoundError(agent_id).to_wire())
+            )
+            return None
+        if not self._arrived_for(msg.subject, agent_id, durable):
+            # Running it would activate the agent from another key's partition: two activations at once.
+            await self.dead_letter(msg, "target", f"{env.target!r} arrived on {msg.subject!r}", env)
+            return None
+        try:
+            checkpoint_key(agent_id.namespace, agent_id.type, agent_id.key)
+        except SubjectTooLongError as exc:  # its activation could never load or save a checkpoint
+            await self.dead_letter(msg, "target", str(exc), env)
+            return None
+        problem = _envelope_problem(env)
+        if problem is not None:
+            # Caught here, not when the EventLog entry fails to validate at commit: that would leave the
+            # message unacked and redeliver it forever.
+            await self.dead_letter(msg, "schema", problem, env)
+            return None
+        try:  # built here, not in the handler: blocks that do not validate are bad input, not a handler error
+            blocks = blocks_from_payload(env.payload)
+        except WireError as exc:
+            await self.dead_letter(msg, exc.reason, str(exc), env)
+            return None
+        if env.run is None:  # a foreign sender may omit it: the message starts a run, as a client's does
+            env = msgspec.structs.replace(env, run=new_root_run())
+        return _Work(
+            msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable, blocks=blocks
+        )
+
+    def _arrived_for(self, subject: str, agent_id: AgentId, durable: bool) -> bool:
+        """Whether `subject` is the inbox of `agent_id` (the one its partition and mailbox follow)."""
+        subjects = self.rt.subjects_for(agent_id.namespace)
+        try:
+            if durable:
+                agent_type, key, _ = subjects.parse_partitioned(subject)
+            else:
+                agent_type, key = subjects.parse_ephemeral(subject)
+        except ValueError:
+            return False
+        return (agent_type, key) == (agent_id.type, agent_id.key)
+
+    async def dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
+        """Copy `msg` to the dead-letter stream, answer a typed error where a reply address is known, ack."""
+        if not await self.dlq_copy(msg, reason, detail, env):
+            return
+        error = ProtocolError(f"message rejected ({reason}): {detail}")
+        if env is not None and reason != "unregistered":
+            await self.reply(env, msg, Reply(id=env.id, ok=False, error=error.to_wire()))
+        elif env is None and msg.reply and not msg.reply.startswith(_JS_PREFIX):
+            # A core request names its reply address outside the body: answer even undecodable bytes.
+            msg_id = (msg.headers or {}).get(HDR_MSG_ID, "")
+            await self.publish_reply(
+                msg.reply, encode_reply(Reply(id=msg_id[:256], ok=False, error=error.to_wire()))
+            )
+        if msg.reply and msg.reply.startswith("$JS.ACK"):
+            with contextlib.suppress(Exception):  # not acked: redelivered and dead-lettered again
+                await msg.ack()
+
+    async def dlq_copy(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> bool:
+        """Publish a copy of `msg` with the reason to the dead-letter stream; False if that failed."""
+        return await dead_letter(
+            self.rt, self.rt.subjects_for(self.app.namespace), self.worker_id, msg, reason, detail, env
+        )
+
+    async def reply(self, env: Envelope, msg: Msg, reply: Reply) -> None:
+        # The same preference as `_Work.reply_to`: a core requester waits on msg.reply, not on the body's.
+        core = None if (msg.reply or "").startswith(_JS_PREFIX) else msg.reply
+        target = core or env.reply_to
+        if target:
+            await self.publish_reply(target, encode_reply(reply))
+
+    async def publish_reply(self, target: str, data: bytes) -> None:
+        """Publish a reply, only ever to a reply subject (the last guard: intake refused the others)."""
+        problem = reply_subject_problem(target)
+        if problem is not None:
+            log.warning("not replying: %s", problem)
+            return
+        with contextlib.suppress(Exception):  # a caller that went away is not our failure
+            await self.rt.nc.publish(target, data)

@@ -1,0 +1,60 @@
+"""Agents for the hardening tests (issue 9), served by real `plexus worker` processes.
+
+Handlers report what they do as progress events ("start"/"end" with the worker's pid and the message id),
+so a test can see side effects of workers it stopped or killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+
+from plexus.core import AgentId, BaseBlock, KernelError, SpawnDenied, TextBlock
+from plexus.runtime import Agent, App, Context
+
+app = App()
+
+
+def _text(blocks: list[BaseBlock]) -> str:
+    return "".join(getattr(b, "text", "") for b in blocks)
+
+
+@app.agent("seq-root", description="spawns its children one after another, waiting for each")
+class SequentialRoot(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        results = []
+        for i in range(int(_text(blocks) or "0")):
+            try:
+                reply = await ctx.spawn(AgentId("seq-leaf", f"{ctx.agent_id.key}-{i}"), blocks, timeout=30)
+                results.append("ok:" + _text(reply))
+            except SpawnDenied:
+                results.append("denied")
+            except KernelError as exc:
+                results.append(f"error:{exc.error_type}")
+        return [TextBlock(text=json.dumps(results))]
+
+
+@app.agent("seq-leaf", description="answers at once")
+class SequentialLeaf(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        return [TextBlock(text=ctx.agent_id.key)]
+
+
+@app.agent("echo", description="returns its input")
+class Echo(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        return blocks
+
+
+@app.agent(
+    "effect",
+    description="reports the start (started) and end (done) of every handler run; sleeps as its input says",
+)
+class Effect(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        mark = f"{os.getpid()}:{ctx.message_id}"
+        await ctx.emit_progress("started", [TextBlock(text=mark)])
+        await asyncio.sleep(float(_text(blocks) or "0"))
+        await ctx.emit_progress("done", [TextBlock(text=mark)])
+        return [TextBlock(text=mark)]

@@ -1,0 +1,156 @@
+"""Regression tests for issue 9's worker-side run and fault defects (items 3, 9 and 11), on real worker and
+orchestrator processes and a real nats-server."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import msgspec
+import pytest
+from nats.aio.msg import Msg
+
+from plexus.core import AgentId, AgentProgress, RunId, SpawnBudget, TextBlock
+from plexus.runtime import Runtime
+from plexus.runtime._envelope import RunInfo, decode_reply, encode_envelope
+from tests.runtime.apps_misc import acked, dead_letters, envelope, good_headers
+from tests.runtime.conftest import WorkerProcess
+
+from .conftest import OrchestratorProcess
+from .test_orchestrated_runs import until
+
+pytest.importorskip("plexus.orchestrator")
+
+APP = "tests.e2e.apps_hardening:app"
+FAST = ("--heartbeat-ttl", "3")
+
+
+async def serving_types(rt: Runtime, *types: str) -> None:
+    async def hosted() -> bool:
+        return all([len(await rt.workers(t)) >= 1 for t in types])
+
+    await until(hosted, 20, "workers registered")
+
+
+async def test_forged_orchestrated_run_is_dead_lettered_not_redelivered_forever(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    """Item 3: an envelope claiming an orchestrated run that was never started ran, its run-end report got
+    "unknown run", and it was never acked: the caller got its reply again on every redelivery."""
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    await serving_types(runtime, "echo")
+    rt = runtime
+    forged = str(RunId.new())
+    env = envelope("echo/forger", reply_to=rt.nc.new_inbox())
+    env = msgspec.structs.replace(env, run=RunInfo(run_id=forged, root_id=forged, orchestrated=True))
+    assert env.reply_to is not None
+    replies: list[Msg] = []
+
+    async def on_reply(msg: Msg) -> None:
+        replies.append(msg)
+
+    sub = await rt.nc.subscribe(env.reply_to, cb=on_reply)
+    try:
+        async with dead_letters(rt) as dlq:
+            ack = await rt.js.publish(
+                rt.subjects.inbox("echo", "forger"), encode_envelope(env), headers=good_headers(env)
+            )
+            dead = await dlq.expect(lambda m: (m.headers or {}).get("Plexus-Dlq-Run") == forged, timeout=30)
+        assert dead.headers is not None
+        assert dead.headers["Plexus-Dlq-Reason"] == "report_rejected"
+        await acked(rt, ack.seq)  # before the fix: never acked, redelivered every ack_wait
+        # Past the worker's ack_wait (5 s): a redelivery would have answered a second time.
+        await asyncio.sleep(6)
+    finally:
+        await sub.unsubscribe()
+    assert len(replies) == 1
+    assert decode_reply(replies[0].data).ok
+
+
+async def test_sequential_spawns_under_a_two_agent_budget_are_never_denied(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    """Item 9: the worker replied to the parent before reporting the child's run finished (which frees its
+    slot), so a root spawning children one after another under max_agents=2 got SpawnDenied about every
+    second time although no other child was alive."""
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    await serving_types(runtime, "seq-root", "seq-leaf")
+    children = 8
+    run_id = await runtime.start_run(
+        AgentId("seq-root", "r"), [TextBlock(text=str(children))], spawn_budget=SpawnBudget(max_agents=2)
+    )
+    reply = await runtime.run_result(run_id, timeout=60)
+    results = json.loads("".join(getattr(b, "text", "") for b in reply))
+    assert results == [f"ok:r-{i}" for i in range(children)]
+
+
+@asynccontextmanager
+async def progress_marks(rt: Runtime) -> AsyncIterator[list[tuple[str, int, str, float]]]:
+    """(step, pid, message id, arrival time) of every Effect agent's progress event, as they arrive."""
+    marks: list[tuple[str, int, str, float]] = []
+
+    async def on(msg: Msg) -> None:
+        event = AgentProgress.model_validate_json(msg.data)
+        if event.agent_id.startswith("effect/"):
+            pid, message_id = "".join(getattr(b, "text", "") for b in event.content).split(":", 1)
+            marks.append((str(event.step), int(pid), message_id, time.monotonic()))
+
+    sub = await rt.nc.subscribe(f"{rt.subjects.base}.progress.>", cb=on)
+    try:
+        yield marks
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_after_resuming(
+    runtime: Runtime, worker_process: WorkerProcess
+) -> None:
+    """Item 11: a worker stopped (SIGSTOP) past its lease TTL and resumed started the messages it had
+    queued, already handled by the partition's new owner, on stale activations (side effects twice), and
+    let the handler that was running when it stalled run to its end."""
+    rt = runtime
+    stalled = worker_process(APP, *FAST)
+    await serving_types(rt, "effect")
+    key = "stall"
+    async with progress_marks(rt) as marks:
+        # One long handler running, five queued behind it on the same key.
+        sends = [
+            asyncio.create_task(rt.send_message([TextBlock(text="8")], AgentId("effect", key), timeout=60))
+        ]
+        await until(lambda: _true(any(m[0] == "started" for m in marks)), 20, "first handler started")
+        sends += [
+            asyncio.create_task(rt.send_message([TextBlock(text="0")], AgentId("effect", key), timeout=60))
+            for _ in range(5)
+        ]
+        await asyncio.sleep(0.5)  # the five are fetched and queued in the stalled worker's mailbox
+        os.kill(stalled.pid, signal.SIGSTOP)
+        started_before = {m[2] for m in marks if m[1] == stalled.pid and m[0] == "started"}
+        try:
+            successor = worker_process(APP, *FAST)
+            # The successor takes the partition once the lease expires (3 s) and runs all six messages.
+            await asyncio.sleep(7)
+        finally:
+            resumed_at = time.monotonic()
+            os.kill(stalled.pid, signal.SIGCONT)
+        await asyncio.gather(*sends)
+        await asyncio.sleep(
+            3
+        )  # time for the resumed worker to (wrongly) start queued work or finish its handler
+
+    after = [m for m in marks if m[1] == stalled.pid and m[3] >= resumed_at]
+    assert [m for m in after if m[0] == "started" and m[2] not in started_before] == []
+    assert [m for m in after if m[0] == "done"] == []  # the stalled handler was stopped, not run to its end
+    by_successor = {m[2] for m in marks if m[1] == successor.pid and m[0] == "done"}
+    assert len(by_successor) == 6
+    assert stalled.poll() is None  # and the resumed worker lives on
+
+
+async def _true(value: bool) -> bool:
+    return value
