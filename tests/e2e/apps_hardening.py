@@ -58,3 +58,16 @@ class Effect(Agent):
         await asyncio.sleep(float(_text(blocks) or "0"))
         await ctx.emit_progress("done", [TextBlock(text=mark)])
         return [TextBlock(text=mark)]
+
+
+@app.agent("conn-killer", description="makes nats-server close its own worker's connection for good")
+class ConnectionKiller(Agent):
+    """Publishes on the worker's own connection to a 5,000-character subject, exactly what the worker did
+    with an unchecked reply address (issue 9 item 1): nats-server answers "maximum control line exceeded"
+    and nats-py closes the connection for good. Reaching into the worker is for this test only."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        nc = ctx._backend.worker.rt.nc  # type: ignore[attr-defined]
+        await nc.publish("_INBOX." + "x" * 5000, b"")
+        await nc.flush(timeout=5)
+        return blocks

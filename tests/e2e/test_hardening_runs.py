@@ -4,18 +4,20 @@ orchestrator processes and a real nats-server."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from pathlib import Path
 
 import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, AgentProgress, RunId, SpawnBudget, TextBlock
+from plexus.core import AgentId, AgentProgress, KernelError, RunId, SpawnBudget, TextBlock
 from plexus.runtime import Runtime
 from plexus.runtime._envelope import RunInfo, decode_reply, encode_envelope
 from tests.runtime.apps_misc import acked, dead_letters, envelope, good_headers
@@ -154,3 +156,21 @@ async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_afte
 
 async def _true(value: bool) -> bool:
     return value
+
+
+async def test_worker_whose_connection_is_closed_for_good_exits_nonzero(
+    runtime: Runtime, worker_process: WorkerProcess, tmp_path: Path
+) -> None:
+    """Item 1, second half: nats-py closes a connection for good after some server errors (here "maximum
+    control line exceeded"), even with unlimited reconnects. The worker lingered as a zombie: alive,
+    unregistered, serving nothing. It must exit (status 1) so a supervisor restarts it."""
+    proc = worker_process(APP, *FAST)
+    await serving_types(runtime, "conn-killer")
+    with contextlib.suppress(KernelError):  # the worker dies before it can answer
+        await runtime.send_message([TextBlock(text="x")], AgentId("conn-killer", "k"), timeout=5)
+    async with asyncio.timeout(20):
+        while proc.poll() is None:  # noqa: ASYNC110 - another process's state
+            await asyncio.sleep(0.1)
+    assert proc.returncode == 1
+    log = (tmp_path / "worker0.log").read_text()
+    assert "NATS connection was closed for good" in log

@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 from nats.js import api as js_api
 
-from plexus.core import AgentId, AgentProgress, RunMessageReceived, TextBlock
+from plexus.core import AgentId, AgentProgress, MessageId, RunMessageReceived, TextBlock
 from plexus.runtime import Runtime
 from plexus.runtime._envelope import RunInfo
 from plexus.runtime._leases import LeaseManager
@@ -436,3 +436,35 @@ async def test_crash_between_eventlog_append_and_checkpoint_does_not_wedge_the_a
     async with asyncio.timeout(20):
         reply = await _send(rt, "ledger", "wedge", "2", run)
     assert reply["state"]["seen"] == [1, 2]
+
+
+async def test_message_logged_before_a_crash_is_not_logged_again_when_redelivered(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """Issue 9: a worker killed between its EventLog append and its checkpoint save left the message in the
+    log; the redelivery ran it again and logged it a second time. The next owner recognises the entries."""
+    rt = runtime
+    run = new_root_run()
+    agent = AgentId("ledger", "twice")
+    first = await start_worker(ledger_app, worker_id="wa")
+    assert (await _send(rt, "ledger", "twice", "1", run))["state"]["seen"] == [1]
+    await first.stop(drain_timeout=5)
+    # The dead worker's commit of message M had written its EventLog batch, then the process died: no
+    # checkpoint, no ack. M is still in the inbox and comes back to the next owner.
+    message_id = str(MessageId.new())
+    log = rt.event_log(agent)
+    logged = RunMessageReceived(run_id=run.run_id, agent_id=str(agent), message_id=message_id)
+    await log.append([logged], expected_seq=await log.last_seq())
+    sending = asyncio.create_task(
+        rt.send_message([TextBlock(text="2")], agent, timeout=SEND_TIMEOUT_S, run=run, message_id=message_id)
+    )
+    await start_worker(ledger_app, worker_id="wb")
+    async with asyncio.timeout(20):
+        reply = _reply(await sending)
+    assert reply["state"]["seen"] == [1, 2]
+    received = [str(r.entry.message_id) for r in await log.read() if isinstance(r.entry, RunMessageReceived)]
+    assert received.count(message_id) == 1
+    # And the agent goes on logging new messages as before.
+    assert (await _send(rt, "ledger", "twice", "3", run))["state"]["seen"] == [1, 2, 3]
+    received = [str(r.entry.message_id) for r in await log.read() if isinstance(r.entry, RunMessageReceived)]
+    assert len(received) == 3

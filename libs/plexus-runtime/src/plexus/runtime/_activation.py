@@ -60,6 +60,9 @@ class Activation:
     last_used: float = field(default_factory=time.monotonic)
     #: Serialises this activation's own EventLog appends (a handler may spawn children concurrently).
     log_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    #: Ids of messages whose entries are in the EventLog after the checkpoint's sequence: a worker died
+    #: between the two writes. Their redelivery is handled again but not logged a second time.
+    logged: set[str] = field(default_factory=set)
 
     def reply_for(self, message_id: str) -> tuple[bool, bytes | None]:
         if message_id in self.handled:
@@ -125,10 +128,12 @@ class ActivationTable:
         checkpoints: CheckpointStore,
         key_of: Any,
         last_log_seq: Callable[[AgentId], Awaitable[int]] | None = None,
+        logged_since: Callable[[AgentId, int], Awaitable[set[str]]] | None = None,
     ) -> None:
         self._checkpoints = checkpoints
         self._key_of = key_of
         self._last_log_seq = last_log_seq
+        self._logged_since = logged_since
         self._live: dict[AgentId, Activation] = {}
 
     def __len__(self) -> int:
@@ -154,6 +159,11 @@ class ActivationTable:
             # the agent for good. The new owner continues from the log's end instead (the unsaved message
             # is redelivered and logged again: at least once); the checkpoint's CAS still fences zombies.
             log_seq = max(log_seq, await self._last_log_seq(agent_id))
+        logged: set[str] = set()
+        if log_seq > doc.log_seq and self._logged_since is not None:
+            # Recognise the messages the dead worker logged but never checkpointed: their redelivery must
+            # not append the same entries a second time.
+            logged = await self._logged_since(agent_id, doc.log_seq)
         activation = Activation(
             agent_id=agent_id,
             agent=agent,
@@ -163,6 +173,7 @@ class ActivationTable:
             progress_seq=doc.progress_seq,
             handled=_with_recent_replies(doc.handled),
             saved_state=_encode(dict(agent.save_state())),
+            logged=logged,
         )
         await agent.on_activate(agent_id)
         self._live[agent_id] = activation

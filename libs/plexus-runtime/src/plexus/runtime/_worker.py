@@ -93,6 +93,7 @@ class Worker:
             CheckpointStore(runtime.topology.checkpoints),
             lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
             lambda aid: runtime.event_log(aid).last_seq(),
+            self._logged_since,
         )
         self._intake = Intake(app, runtime, self.worker_id)
         self._owners: dict[str, PartitionOwner] = {}
@@ -515,12 +516,21 @@ class Worker:
             text = _reply_text(reply)
             if text is not None:
                 entries.append(ReplyMessage(text=text))
-        async with activation.log_lock:
-            activation.log_seq = await self._backend.event_log_for(work.agent_id).append(
-                entries, expected_seq=activation.log_seq
-            )
+        if env.id in activation.logged:
+            # Logged by a worker that died before its checkpoint: the entries are there already.
+            activation.logged.discard(env.id)
+        else:
+            async with activation.log_lock:
+                activation.log_seq = await self._backend.event_log_for(work.agent_id).append(
+                    entries, expected_seq=activation.log_seq
+                )
         activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
         await self._activations.save(activation)
+
+    async def _logged_since(self, agent_id: AgentId, seq: int) -> set[str]:
+        """Ids of the messages received in `agent_id`'s EventLog after `seq`."""
+        records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
+        return {r.entry.message_id for r in records if isinstance(r.entry, RunMessageReceived)}
 
     async def _ack(self, work: _Work) -> None:
         if work.durable:

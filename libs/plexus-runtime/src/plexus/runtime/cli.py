@@ -132,13 +132,19 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await worker.start()
+    lost = ConnectionLostError(
+        "the NATS connection was closed for good; exiting so a supervisor can restart us"
+    )
+    try:
+        await worker.start()
+    except Exception:
+        if rt.connection_closed.is_set():
+            raise lost from None
+        raise
     print(f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {args.nats}", flush=True)
     if not await until_stopped(stop, rt):
         # Nothing can be finished or released without a connection; unacked work goes to the next owner.
-        raise ConnectionLostError(
-            "the NATS connection was closed for good; exiting so a supervisor can restart us"
-        )
+        raise lost
     print("plexus worker: stopping (finishing in-flight work)", flush=True)
     await worker.stop()
     await rt.close()
