@@ -71,3 +71,10 @@ class ConnectionKiller(Agent):
         await nc.publish("_INBOX." + "x" * 5000, b"")
         await nc.flush(timeout=5)
         return blocks
+
+
+@app.agent("crash-root", description="spawns one effect child that sleeps as its input says")
+class CrashRoot(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        reply = await ctx.spawn(AgentId("effect", f"{ctx.agent_id.key}-child"), blocks, timeout=60)
+        return [TextBlock(text="child:" + _text(reply))]

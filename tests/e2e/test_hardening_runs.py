@@ -17,7 +17,7 @@ import msgspec
 import pytest
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, AgentProgress, KernelError, RunId, SpawnBudget, TextBlock
+from plexus.core import AgentId, AgentProgress, KernelError, RetryPolicy, RunId, SpawnBudget, TextBlock
 from plexus.runtime import Runtime
 from plexus.runtime._envelope import RunInfo, decode_reply, encode_envelope
 from tests.runtime.apps_misc import acked, dead_letters, envelope, good_headers
@@ -174,3 +174,29 @@ async def test_worker_whose_connection_is_closed_for_good_exits_nonzero(
     assert proc.returncode == 1
     log = (tmp_path / "worker0.log").read_text()
     assert "NATS connection was closed for good" in log
+
+
+async def test_crash_retried_parent_spawns_its_child_under_the_same_run_id(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    """Issue 9: a parent retried after its worker was killed minted new child run ids, so a child spawned
+    before the crash was spawned again under another id and took a second spawn slot."""
+    orchestrator_process()
+    first = worker_process(APP, *FAST)
+    await serving_types(runtime, "crash-root", "effect")
+    async with progress_marks(runtime) as marks:
+        run_id = await runtime.start_run(
+            AgentId("crash-root", "c"),
+            [TextBlock(text="2")],
+            spawn_budget=SpawnBudget(max_agents=3),
+            retry=RetryPolicy(max_retries=2, initial_backoff_s=0.1),
+        )
+        await until(lambda: _true(any(m[0] == "started" for m in marks)), 20, "the child started")
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(timeout=10)
+        worker_process(APP, *FAST)
+        reply = await runtime.run_result(run_id, timeout=90)
+    assert "".join(getattr(b, "text", "") for b in reply).startswith("child:")
+    record = await runtime.get_run(run_id)
+    assert record.attempts >= 2  # the root really was retried after the crash
+    assert len(record.children) == 1, record.children

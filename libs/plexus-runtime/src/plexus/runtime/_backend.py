@@ -27,7 +27,7 @@ from plexus.core import (
 from ._context import Context
 from ._eventlog import EventLog
 from ._orchestration import FinishedReport
-from ._supervisor import LocalSupervisor, Supervisor, new_root_run
+from ._supervisor import LocalSupervisor, Supervisor, child_run_id, new_root_run
 
 if TYPE_CHECKING:
     from ._activation import Activation
@@ -114,9 +114,13 @@ class WorkerBackend:
     ) -> list[BaseBlock]:
         activation = self._activation(ctx)
         parent = self._run(ctx)
+        ordinal = ctx._spawned  # taken before any await: concurrent spawns number in call order
+        ctx._spawned += 1
         # No slot for a child nobody can run: AgentNotFoundError before the tree's budget is touched.
         await self.worker.rt._host_for(child, time.monotonic() + min(timeout_s, 30.0))
-        child_run = await self.supervisor.spawn(parent, ctx.agent_id, child, priority)
+        child_run = await self.supervisor.spawn(
+            parent, ctx.agent_id, child, priority, child_run_id(ctx.message_id, ordinal)
+        )
         log = self.event_log_for(ctx.agent_id)
         # child.spawned is durable before the child is enqueued, so a crash never leaves an unrecorded child.
         spawned = RunChildSpawned(

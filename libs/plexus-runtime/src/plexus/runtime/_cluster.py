@@ -243,10 +243,15 @@ class ClusterSupervisor:
             raise BudgetExhaustedError("turns", totals["turns"], budget.max_turns)
 
     async def spawn(
-        self, parent: RunInfo, parent_agent: AgentId, child: AgentId, priority: int | None
+        self,
+        parent: RunInfo,
+        parent_agent: AgentId,
+        child: AgentId,
+        priority: int | None,
+        run_id: str | None = None,
     ) -> RunInfo:
         if not parent.orchestrated:
-            return await self.local.spawn(parent, parent_agent, child, priority)
+            return await self.local.spawn(parent, parent_agent, child, priority, run_id)
         await self._raise_if_ended(parent)
         reply = await self.client.call(
             "spawn",
@@ -256,7 +261,7 @@ class ClusterSupervisor:
                 parent_agent=str(parent_agent),
                 child_agent=str(child),
                 priority=priority,
-                child_run_id=str(RunId.new()),  # chosen here so a retried request is idempotent
+                child_run_id=run_id or str(RunId.new()),  # chosen here: a retried request is idempotent
             ),
             SpawnReply,
             namespace=parent_agent.namespace,

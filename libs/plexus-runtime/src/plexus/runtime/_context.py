@@ -80,6 +80,8 @@ class Context:
     _controller: CancellationController = field(default_factory=CancellationController, repr=False)
     #: Entries recorded by the handler; appended to the EventLog with the message's own entries, atomically.
     pending_entries: list[KernelMessage] = field(default_factory=list, repr=False)
+    #: Children spawned so far by this handler run: their ordinal makes their run ids deterministic.
+    _spawned: int = field(default=0, repr=False)
 
     @property
     def cancellation(self) -> CancellationHandle:

@@ -7,16 +7,19 @@ JetStream so a whole run tree on many workers shares one budget.
 
 from __future__ import annotations
 
+import hashlib
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Protocol
 
-from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, Priority, RunId, Usage
+from ulid import ULID
+
+from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, MessageId, Priority, RunId, Usage
 
 from ._envelope import RunInfo
 
-__all__ = ["LocalSupervisor", "Supervisor", "new_root_run"]
+__all__ = ["LocalSupervisor", "Supervisor", "child_run_id", "new_root_run"]
 
 
 class Supervisor(Protocol):
@@ -29,14 +32,35 @@ class Supervisor(Protocol):
         ...
 
     async def spawn(
-        self, parent: RunInfo, parent_agent: AgentId, child: AgentId, priority: int | None
+        self,
+        parent: RunInfo,
+        parent_agent: AgentId,
+        child: AgentId,
+        priority: int | None,
+        run_id: str | None = None,
     ) -> RunInfo:
-        """Admit a child run (SpawnDenied when over the tree's SpawnBudget); return its RunInfo."""
+        """Admit a child run (SpawnDenied when over the tree's SpawnBudget); return its RunInfo.
+
+        ``run_id`` is the child's id when the caller chose one (`child_run_id`): admitting the same id
+        twice must not take a second slot."""
         ...
 
     async def finished(self, run: RunInfo, status: str) -> None:
         """A (child) run ended; release its slot."""
         ...
+
+
+def child_run_id(message_id: str, ordinal: int) -> str:
+    """The run id of the `ordinal`-th child spawned while handling message `message_id`.
+
+    Deterministic, so a handler retried after its worker crashed spawns its children under the same run
+    ids: the orchestrator admits a known id once (no second spawn slot) and its EventLog entries match. The
+    ULID keeps the parent message's creation time (ids still sort by time) and hashes the rest.
+    """
+    digest = hashlib.sha256(f"{message_id}\x00{ordinal}".encode()).digest()
+    minted = MessageId(message_id).ulid if message_id.startswith("msg_") else None
+    millis = int(minted.milliseconds) if minted is not None else 0
+    return f"{RunId.prefix}_{ULID.from_bytes(millis.to_bytes(6, 'big') + digest[:10])}"
 
 
 def new_root_run(
@@ -101,11 +125,16 @@ class LocalSupervisor:
             raise BudgetExhaustedError("turns", totals.turns, budget.max_turns)
 
     async def spawn(
-        self, parent: RunInfo, parent_agent: AgentId, child: AgentId, priority: int | None
+        self,
+        parent: RunInfo,
+        parent_agent: AgentId,
+        child: AgentId,
+        priority: int | None,
+        run_id: str | None = None,
     ) -> RunInfo:
         await self.check(parent)
         return RunInfo(
-            run_id=str(RunId.new()),
+            run_id=run_id or str(RunId.new()),
             root_id=parent.root_id,
             parent_id=parent.run_id,
             depth=parent.depth + 1,
