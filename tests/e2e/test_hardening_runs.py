@@ -200,3 +200,24 @@ async def test_crash_retried_parent_spawns_its_child_under_the_same_run_id(
     record = await runtime.get_run(run_id)
     assert record.attempts >= 2  # the root really was retried after the crash
     assert len(record.children) == 1, record.children
+
+
+async def test_a_draining_worker_still_delivers_cancellation_to_its_running_handlers(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    """Issue 12 (graceful-stop bug): `Worker.stop()` drained the cancel/pause subscriptions before the
+    in-flight handlers finished, so a run cancelled during a graceful stop kept running to its end."""
+    orchestrator_process()
+    proc = worker_process(APP, *FAST)
+    await serving_types(runtime, "effect")
+    async with progress_marks(runtime) as marks:
+        run_id = await runtime.start_run(AgentId("effect", "draining"), [TextBlock(text="15")])
+        await until(lambda: _true(any(m[0] == "started" for m in marks)), 20, "the handler started")
+        os.kill(proc.pid, signal.SIGTERM)  # graceful: stop pulling, finish in-flight work (up to 30 s)
+        await asyncio.sleep(0.5)
+        await runtime.cancel_run(run_id)
+        async with asyncio.timeout(40):
+            while proc.poll() is None:  # noqa: ASYNC110 - another process's state
+                await asyncio.sleep(0.1)
+    assert (await runtime.get_run(run_id)).status == "cancelled"
+    assert [m for m in marks if m[0] == "done"] == []  # stopped by the cancellation, not run to its end

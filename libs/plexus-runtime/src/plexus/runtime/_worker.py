@@ -169,10 +169,14 @@ class Worker:
         for owner in self._owners.values():
             await owner.rebalance()
         ns = escape_token(self.app.namespace)
-        self._subs.append(
+        # Control subscriptions live until the drain ends (see `stop`): draining handlers must still be
+        # cancellable and pausable.
+        self._control_subs.append(
             await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.cancel.*", cb=self._on_cancel)
         )
-        self._subs.append(await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._on_pause))
+        self._control_subs.append(
+            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._on_pause)
+        )
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
 

@@ -138,7 +138,11 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
     try:
         await worker.start()
     except Exception:
-        if rt.connection_closed.is_set():
+        # nats-py closes a connection in a task of its own after the error that dooms it, so a request
+        # that failed meanwhile may be seen first: give the close a moment to show before deciding.
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(rt.connection_closed.wait(), 2.0)
+        if rt.nc.is_closed or rt.connection_closed.is_set():
             raise lost from None
         raise
     print(f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {args.nats}", flush=True)
