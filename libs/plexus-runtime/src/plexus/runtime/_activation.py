@@ -148,12 +148,13 @@ class ActivationTable:
             found.last_used = time.monotonic()
             return found
         agent = await agent_type.create(agent_id)
-        stored = await self._checkpoints.load(self._key_of(agent_id))
+        # A stateless (durable=False) type has no checkpoint and commits no EventLog entries: touch no KV.
+        stored = await self._checkpoints.load(self._key_of(agent_id)) if agent_type.durable else None
         doc = CheckpointDoc() if stored is None else _decode(stored.state)
         if doc.state:
             agent.load_state(doc.state)
         log_seq = doc.log_seq
-        if self._last_log_seq is not None:
+        if self._last_log_seq is not None and agent_type.durable:
             # A worker that died between its EventLog append and its checkpoint save left the log ahead of
             # the checkpoint; expecting the checkpoint's sequence would fence every later commit and wedge
             # the agent for good. The new owner continues from the log's end instead (the unsaved message

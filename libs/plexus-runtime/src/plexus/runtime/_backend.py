@@ -130,7 +130,10 @@ class WorkerBackend:
             child_agent_id=str(child),
         )
         async with activation.log_lock:
-            activation.log_seq = await log.append([spawned], expected_seq=activation.log_seq)
+            if activation.agent_type.durable:
+                activation.log_seq = await log.append([spawned], expected_seq=activation.log_seq)
+            else:  # no single activation, no tracked sequence: append after whatever is there
+                await log.append_with_retry(lambda _seq: [spawned])
         status = "completed"
         try:
             return await self.worker.rt.send_message(
