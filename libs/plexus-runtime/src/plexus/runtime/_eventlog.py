@@ -123,11 +123,9 @@ class EventLog(Generic[T]):
         and `PayloadTooLargeError` when the batch does not fit in one message. With ``msg_id``, retrying an
         append whose first attempt landed (e.g. after a timeout) returns that attempt's sequence.
         """
-        if not entries:
-            raise ValueError("append needs at least one entry")
         if expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
-        payload = b"[" + b",".join(self._encode(entry) for entry in entries) + b"]"
+        payload = self.encode_batch(entries)
         headers = {_EXPECTED_LAST_SUBJECT_SEQ: str(expected_seq), _EXPECTED_STREAM: self.stream}
         if msg_id is not None:
             headers[_MSG_ID] = msg_id
@@ -147,6 +145,12 @@ class EventLog(Generic[T]):
                 actual = await self.last_seq()
             raise ConcurrentAppendError(expected_seq, actual) from None
         return ack.seq
+
+    def encode_batch(self, entries: Sequence[T]) -> bytes:
+        """The stored form of one append: a JSON array of the encoded entries (at least one)."""
+        if not entries:
+            raise ValueError("append needs at least one entry")
+        return b"[" + b",".join(self._encode(entry) for entry in entries) + b"]"
 
     async def append_with_retry(self, build: Callable[[int], Sequence[T]], attempts: int = 5) -> int:
         """Append ``build(last_seq)``, rebuilding against the new last sequence after a conflict.

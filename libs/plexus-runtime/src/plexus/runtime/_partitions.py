@@ -64,23 +64,30 @@ class _Puller:
         self.slots = slots
         self.task: asyncio.Task[None] | None = None
         self._next_subject = f"$JS.API.CONSUMER.MSG.NEXT.{stream}.{durable}"
+        self._stopped = False
+        self._got = 0  # deliveries received for the pull request in flight
 
     def start(self) -> None:
         self.task = asyncio.create_task(self._run(), name=f"pull:{self.durable}")
 
     async def stop(self) -> None:
-        if self.task is not None:
-            self.task.cancel()
+        self._stopped = True
+        task, self.task = self.task, None
+        # Cancel until it ends: nats-py swallows a CancelledError that lands inside a publish (a dispatch
+        # dead-lettering or answering), so one cancel may not stop the loop; the flag ends it then.
+        while task is not None and not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=0.5)
+        if task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self.task
-            self.task = None
+                task.result()
 
     async def _run(self) -> None:
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         request = json.dumps({"batch": 0, "expires": int(self.EXPIRES_S * 1e9)})
         try:
-            while True:
+            while not self._stopped:
                 # Never ask for more than we have free handler slots for: memory stays bounded and unfetched
                 # messages stay in the stream where another owner could take them.
                 await self.slots.acquire()
@@ -88,22 +95,22 @@ class _Puller:
                 while free < self.max_batch and not self.slots.locked():
                     await self.slots.acquire()
                     free += 1
-                got = 0
+                self._got = 0
                 failed = False
                 try:
                     body = request.replace('"batch": 0', f'"batch": {free}', 1).encode()
                     await self.nc.publish(self._next_subject, body, reply=inbox)
-                    got, failed = await self._receive(sub, free)
+                    failed = await self._receive(sub, free)
                 except asyncio.CancelledError:
-                    # Stopped mid-pull (partition released or lost): hand the slots back, or the worker would
-                    # keep fewer handler slots after every rebalance and finally stop pulling at all.
-                    for _ in range(free - got):
+                    # Stopped mid-pull (partition released or lost): hand back the slots no delivery took,
+                    # or the worker would keep fewer slots after every rebalance and finally stop pulling.
+                    for _ in range(free - self._got):
                         self.slots.release()
                     raise
                 except Exception as exc:  # a reconnect: the request is lost, ask again
                     log.debug("pull on %s failed: %s", self.durable, exc)
                     failed = True
-                for _ in range(free - got):  # before the pause, which a stop() may cancel
+                for _ in range(free - self._got):  # before the pause, which a stop() may cancel
                     self.slots.release()
                 if failed:
                     await asyncio.sleep(0.2)
@@ -111,17 +118,17 @@ class _Puller:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _receive(self, sub: Any, wanted: int) -> tuple[int, bool]:
-        """Dispatch the deliveries answering one pull request: (how many, whether the request failed)."""
-        got = 0
+    async def _receive(self, sub: Any, wanted: int) -> bool:
+        """Dispatch the deliveries answering one pull request (counted in `_got`, each holding one of the
+        slots taken for the request); True when the request failed."""
         deadline = time.monotonic() + self.EXPIRES_S + 1.0
-        while got < wanted:
+        while self._got < wanted and not self._stopped:
             try:
                 msg: Msg = await sub.next_msg(timeout=max(deadline - time.monotonic(), 0.01))
             except TimeoutError:
-                return got, False  # the 408 was lost (e.g. a reconnect): ask again
+                return False  # the 408 was lost (e.g. a reconnect): ask again
             if msg.reply and msg.reply.startswith("$JS.ACK."):
-                got += 1
+                self._got += 1
                 try:
                     await self.dispatch(self.partition, msg)
                 except Exception:  # never let the puller die silently
@@ -131,11 +138,11 @@ class _Puller:
             if status == "100":  # idle heartbeat / flow control
                 continue
             if status in ("404", "408"):  # no messages now / the request expired
-                return got, False
+                return False
             # 409 (consumer deleted: the partition was lost, leadership change), 503 (no responders), …
             log.debug("pull on %s ended with status %r", self.durable, status)
-            return got, True
-        return got, False
+            return True
+        return False
 
 
 class PartitionOwner:
