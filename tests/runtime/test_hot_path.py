@@ -50,8 +50,7 @@ async def test_stateless_types_touch_no_checkpoint_and_no_event_log(served: Serv
 
 @shared
 async def test_durable_types_still_load_their_checkpoint(served: Served) -> None:
-    """The observation above can see checkpoint reads: a durable type's first message of a key loads one
-    (and the log's last sequence), both from PLEXUS_EVENTS."""
+    """The observation above can see checkpoint reads: a durable type's first message of a key loads one."""
     rt = served.rt
     requests: list[str] = []
 
@@ -66,5 +65,4 @@ async def test_durable_types_still_load_their_checkpoint(served: Served) -> None
         await asyncio.sleep(0.2)
     finally:
         await sub.unsubscribe()
-    # The checkpoint is the last message of the agent's `.ckpt` subject in PLEXUS_EVENTS.
-    assert any("PLEXUS_EVENTS" in s for s in requests), requests
+    assert any("plexus_checkpoints" in s for s in requests), requests

@@ -20,8 +20,7 @@ import msgspec
 from plexus.core import AgentId
 
 from ._agent import Agent, AgentType
-from ._agentstate import AgentStateStore
-from ._eventlog import EventLog
+from ._checkpoints import CheckpointStore
 
 __all__ = ["Activation", "ActivationTable", "CheckpointDoc"]
 
@@ -42,9 +41,6 @@ class CheckpointDoc(msgspec.Struct, omit_defaults=True):
     handled: list[tuple[str, bytes | None]] = []
     log_seq: int = 0
     progress_seq: int = 0
-    #: Written in one batch with EventLog entries: the log's last sequence is this checkpoint's minus one
-    #: (unknown before the write, so `log_seq` is not filled in).
-    log_in_batch: bool = False
 
 
 _encode = msgspec.json.Encoder().encode
@@ -99,16 +95,15 @@ class Activation:
             else:
                 handled[mid] = None
 
-    def document(self, *, log_in_batch: bool = False) -> tuple[bytes, bytes]:
+    def document(self) -> tuple[bytes, bytes]:
         """(state bytes, whole checkpoint bytes) for change detection and saving."""
         state = dict(self.agent.save_state())
         state_bytes = _encode(state)
         doc = CheckpointDoc(
             state=state,
             handled=list(self.handled.items()),
-            log_seq=0 if log_in_batch else self.log_seq,
+            log_seq=self.log_seq,
             progress_seq=self.progress_seq,
-            log_in_batch=log_in_batch,
         )
         return state_bytes, _encode(doc)
 
@@ -130,14 +125,14 @@ class ActivationTable:
 
     def __init__(
         self,
-        store: AgentStateStore,
-        log_of: Callable[[AgentId], EventLog[Any]],
-        legacy_key_of: Callable[[AgentId], str],
+        checkpoints: CheckpointStore,
+        key_of: Any,
+        last_log_seq: Callable[[AgentId], Awaitable[int]] | None = None,
         logged_since: Callable[[AgentId, int], Awaitable[set[str]]] | None = None,
     ) -> None:
-        self._store = store
-        self._log_of = log_of
-        self._legacy_key_of = legacy_key_of
+        self._checkpoints = checkpoints
+        self._key_of = key_of
+        self._last_log_seq = last_log_seq
         self._logged_since = logged_since
         self._live: dict[AgentId, Activation] = {}
 
@@ -154,32 +149,27 @@ class ActivationTable:
             return found
         agent = await agent_type.create(agent_id)
         # A stateless (durable=False) type has no checkpoint and commits no EventLog entries: touch no KV.
-        log = self._log_of(agent_id)
-        stored, legacy = None, False
-        if agent_type.durable:
-            stored, legacy = await self._store.load(log, self._legacy_key_of(agent_id))
+        stored = await self._checkpoints.load(self._key_of(agent_id)) if agent_type.durable else None
         doc = CheckpointDoc() if stored is None else _decode(stored.state)
         if doc.state:
             agent.load_state(doc.state)
-        checkpointed_seq = stored.revision - 1 if stored is not None and doc.log_in_batch else doc.log_seq
-        log_seq = checkpointed_seq
-        if agent_type.durable:
-            # The log can be ahead of the checkpoint: a handler appends `child.spawned` before it commits, and
-            # a worker may die in between (or, before commits were one write, between the two writes).
-            # Expecting the checkpoint's sequence would fence every later commit and wedge the agent for
-            # good, so the new owner continues from the log's end.
-            log_seq = max(log_seq, await log.last_seq())
+        log_seq = doc.log_seq
+        if self._last_log_seq is not None and agent_type.durable:
+            # A worker that died between its EventLog append and its checkpoint save left the log ahead of
+            # the checkpoint; expecting the checkpoint's sequence would fence every later commit and wedge
+            # the agent for good. The new owner continues from the log's end instead (the unsaved message
+            # is redelivered and logged again: at least once); the checkpoint's CAS still fences zombies.
+            log_seq = max(log_seq, await self._last_log_seq(agent_id))
         logged: set[str] = set()
-        if log_seq > checkpointed_seq and self._logged_since is not None:
-            # Recognise the messages a dead worker logged but never checkpointed (before commits were one
-            # write): their redelivery must not append the same entries a second time.
-            logged = await self._logged_since(agent_id, checkpointed_seq)
+        if log_seq > doc.log_seq and self._logged_since is not None:
+            # Recognise the messages the dead worker logged but never checkpointed: their redelivery must
+            # not append the same entries a second time.
+            logged = await self._logged_since(agent_id, doc.log_seq)
         activation = Activation(
             agent_id=agent_id,
             agent=agent,
             agent_type=agent_type,
-            # A legacy (KV) checkpoint has no message here yet: the first commit expects none.
-            revision=None if stored is None or legacy else stored.revision,
+            revision=None if stored is None else stored.revision,
             log_seq=log_seq,
             progress_seq=doc.progress_seq,
             handled=_with_recent_replies(doc.handled),
@@ -191,23 +181,11 @@ class ActivationTable:
         return activation
 
     async def save(self, activation: Activation, *, force: bool = False) -> None:
-        """Write the checkpoint alone, fenced by its revision (a zombie's write fails)."""
+        """Write the checkpoint by compare-and-swap on the revision (a zombie's write fails)."""
         state_bytes, doc = activation.document()
-        log = self._log_of(activation.agent_id)
-        activation.revision = await self._store.save(log, doc, activation.revision)
-        activation.saved_state = state_bytes
-
-    async def commit(self, activation: Activation, entries: list[Any]) -> None:
-        """Append `entries` to the agent's EventLog and save its checkpoint, in one atomic write.
-
-        Call with the activation's `log_lock` held. The checkpoint records the log sequence the entries
-        will get (the batch is stored at consecutive sequences: log entry, then checkpoint)."""
-        log = self._log_of(activation.agent_id)
-        state_bytes, doc = activation.document(log_in_batch=True)
-        log_seq, revision = await self._store.commit(
-            log, entries, activation.log_seq, doc, activation.revision
+        activation.revision = await self._checkpoints.save(
+            self._key_of(activation.agent_id), doc, expected_revision=activation.revision
         )
-        activation.log_seq, activation.revision = log_seq, revision
         activation.saved_state = state_bytes
 
     def of_type(self, agent_type: str) -> list[Activation]:

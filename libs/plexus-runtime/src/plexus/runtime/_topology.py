@@ -155,13 +155,10 @@ async def ensure_topology(
         ),
         StreamConfig(
             name=names.events_stream,
-            description="Plexus agent EventLogs and checkpoints (<log subject>.ckpt, one write per commit)",
+            description="Plexus agent EventLogs",
             subjects=[f"{prefix}.*.evlog.>"],
             retention=RetentionPolicy.LIMITS,
             duplicate_window=dedupe_window_s,
-            # A commit is one atomic batch (log entries + checkpoint); a checkpoint rolls up its predecessors.
-            allow_atomic=True,
-            allow_rollup_hdrs=True,
             **common,
         ),
         StreamConfig(
@@ -219,7 +216,7 @@ async def ensure_topology(
 # Reconciliation
 
 
-_STREAM_MANAGED = ("max_age", "duplicate_window", "num_replicas", "allow_atomic", "allow_rollup_hdrs")
+_STREAM_MANAGED = ("max_age", "duplicate_window", "num_replicas")
 _STREAM_FROZEN = ("retention", "storage", "subjects", "subject_transform")
 
 

@@ -31,7 +31,6 @@ from plexus.core import (
 
 from ._activation import Activation, ActivationTable
 from ._agent import AgentType, App
-from ._agentstate import AgentStateStore
 from ._artifacts import PayloadTooLargeError
 from ._backend import WorkerBackend
 from ._checkpoints import CheckpointConflictError, CheckpointStore
@@ -90,16 +89,10 @@ class Worker:
         from ._mailbox import Mailboxes
 
         self._mailboxes: Mailboxes[AgentId, _Work] = Mailboxes(self._run_one, self.config.concurrency)
-        self._state_store = AgentStateStore(
-            runtime.nc,
-            runtime.js,
-            runtime.topology.names.events_stream,
-            CheckpointStore(runtime.topology.checkpoints),
-        )
         self._activations = ActivationTable(
-            self._state_store,
-            runtime.event_log,
+            CheckpointStore(runtime.topology.checkpoints),
             lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
+            lambda aid: runtime.event_log(aid).last_seq(),
             self._logged_since,
         )
         self._intake = Intake(app, runtime, self.worker_id)
@@ -128,9 +121,6 @@ class Worker:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
-        with contextlib.suppress(Exception):  # unknown: keep reading legacy checkpoints, which is only slower
-            if (await self.rt.topology.checkpoints.status()).values == 0:
-                self._state_store.legacy = None  # no checkpoints from before one-write commits to migrate
         for agent_type in self.app.types.values():
             await self.rt.registry.register_type(
                 AgentTypeInfo(
@@ -530,15 +520,16 @@ class Worker:
             text = _reply_text(reply)
             if text is not None:
                 entries.append(ReplyMessage(text=text))
+        if env.id in activation.logged:
+            # Logged by a worker that died before its checkpoint: the entries are there already.
+            activation.logged.discard(env.id)
+        else:
+            async with activation.log_lock:
+                activation.log_seq = await self._backend.event_log_for(work.agent_id).append(
+                    entries, expected_seq=activation.log_seq
+                )
         activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
-        async with activation.log_lock:
-            if env.id in activation.logged:
-                # Logged by a worker that died before its checkpoint (before commits were one write): the
-                # entries are there already; only the checkpoint is missing.
-                activation.logged.discard(env.id)
-                await self._activations.save(activation)
-            else:
-                await self._activations.commit(activation, entries)
+        await self._activations.save(activation)
 
     async def _logged_since(self, agent_id: AgentId, seq: int) -> set[str]:
         """Ids of the messages received in `agent_id`'s EventLog after `seq`."""
