@@ -91,9 +91,50 @@ def test_fields_of_another_version_are_kept_not_crashed() -> None:
         ({"error_type": "X", "fields": []}, "'fields' of X must be an object"),
     ],
 )
-def test_malformed_wire_errors(wire: object, problem: str) -> None:
-    with pytest.raises(ValueError, match=problem):
-        KernelError.from_wire(wire)  # type: ignore[arg-type]
+def test_malformed_wire_errors_become_a_generic_error_that_keeps_what_came(
+    wire: object, problem: str
+) -> None:
+    """Issue 9 item 5: a wire error that cannot be rebuilt is a typed result, never an exception."""
+    error = KernelError.from_wire(wire)
+    assert isinstance(error, RemoteKernelError)
+    assert problem in error.remote_fields["_decode_error"]
+    assert error.error_type == (
+        "X" if isinstance(wire, dict) and wire.get("error_type") == "X" else "KernelError"
+    )
+    # It can travel on: re-encoding and rebuilding it again works.
+    assert KernelError.from_wire(error.to_wire()).error_type == error.error_type
+
+
+@pytest.mark.parametrize(
+    "wire",
+    [
+        {"error_type": ""},  # the issue's cancel notice
+        {"error_type": "BudgetExhaustedError", "fields": {"dimension": 5}},  # the issue's finished report
+        {"error_type": "BudgetExhaustedError", "fields": {"dimension": "tokens", "used": "x", "limit": None}},
+        {"error_type": "CancellationError", "fields": {"reason": {"deep": [1, 2]}}},
+        {"error_type": 7, "message": None},
+        "a string",
+        None,
+    ],
+)
+def test_issue_inputs_that_crashed_decoders_now_rebuild(wire: object) -> None:
+    error = KernelError.from_wire(wire)
+    assert isinstance(error, KernelError)
+    assert isinstance(error.to_wire(), dict)
+
+
+@given(
+    st.recursive(
+        st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+        lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=10), inner, max_size=4),
+        max_leaves=20,
+    ),
+    st.sampled_from(["", "KernelError", "BudgetExhaustedError", "CancellationError", "SpawnDenied", "Nope"]),
+)
+def test_from_wire_is_total(fields: object, error_type: str) -> None:
+    """Any JSON value, as the whole error or as its fields, rebuilds to a KernelError without raising."""
+    for wire in (fields, {"error_type": error_type, "fields": fields, "message": fields}):
+        assert isinstance(KernelError.from_wire(wire), KernelError)
 
 
 def test_duplicate_error_class_name_is_refused() -> None:

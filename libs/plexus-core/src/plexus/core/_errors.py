@@ -91,24 +91,32 @@ class KernelError(Exception):
         return cls(**fields)
 
     @staticmethod
-    def from_wire(data: dict[str, Any]) -> KernelError:
-        """Rebuild the error `to_wire` produced; unknown types become `RemoteKernelError`."""
+    def from_wire(data: Any) -> KernelError:
+        """Rebuild the error `to_wire` produced. Never raises: an error off the wire is someone else's bytes.
+
+        Unknown types become `RemoteKernelError` with their fields. What cannot be rebuilt (not an object,
+        no usable ``error_type``, fields another version of the class does not accept or that fail its
+        validation) becomes a `RemoteKernelError` too, keeping everything received and why it failed
+        (``_decode_error``; the raw value under ``_wire`` when it was not even an error object).
+        """
         if not isinstance(data, dict):
-            raise ValueError(f"an error on the wire must be an object, got {type(data).__name__}")
+            return _unbuildable("KernelError", "", {"_wire": data}, "an error on the wire must be an object")
         error_type = data.get("error_type")
+        message = str(data.get("message", ""))
         if not isinstance(error_type, str) or not error_type:
-            raise ValueError("an error on the wire needs a non-empty string 'error_type'")
+            problem = "an error on the wire needs a non-empty string 'error_type'"
+            return _unbuildable("KernelError", message, {"_wire": dict(data)}, problem)
         fields = data.get("fields", {})
         if not isinstance(fields, dict):
-            raise ValueError(f"'fields' of {error_type} must be an object")
-        message = str(data.get("message", ""))
+            problem = f"'fields' of {error_type} must be an object"
+            return _unbuildable(error_type, message, {"_wire": dict(data)}, problem)
         cls = _REGISTRY.get(error_type)
         if cls is None or cls is RemoteKernelError:
             return RemoteKernelError(error_type, message, dict(fields))
         try:
             return cls._from_fields(dict(fields))
-        except TypeError as exc:  # fields of another version of the class: keep everything we got
-            return RemoteKernelError(error_type, message, {**fields, "_decode_error": str(exc)})
+        except Exception as exc:  # fields of another version, or values its checks refuse: keep them all
+            return _unbuildable(error_type, message, dict(fields), f"{type(exc).__name__}: {exc}")
 
     def to_block(self) -> ErrorBlock:
         from ._content import ErrorBlock  # local: _content is a sibling that may import error helpers
@@ -125,6 +133,10 @@ class KernelError(Exception):
         return KernelError.from_wire(
             {"error_type": block.error_type, "message": block.message, "fields": dict(block.details)}
         )
+
+
+def _unbuildable(error_type: str, message: str, fields: dict[str, Any], problem: str) -> KernelError:
+    return RemoteKernelError(error_type, message, {**fields, "_decode_error": problem})
 
 
 def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
