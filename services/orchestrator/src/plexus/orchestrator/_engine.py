@@ -58,6 +58,7 @@ class Engine(EngineCore):
 
     async def start(self, req: StartRunRequest) -> StartRunReply:
         agent = v.parse_agent("start", "agent_id", req.agent_id)
+        v.check_dispatchable("start", self.config.prefix, agent)
         payload = v.parse_payload("start", req.payload)
         budget, spawn_budget, retry = v.budgets("start", req.budget, req.spawn_budget, req.retry)
         priority = v.parse_priority("start", req.priority)
@@ -139,7 +140,12 @@ class Engine(EngineCore):
                 ),
             )
             return (await self.store.require_run(run_id))[0]
-        agent = v.parse_agent("start", "agent_id", record.agent_id)
+        try:
+            agent = v.parse_agent("start", "agent_id", record.agent_id)
+            v.check_dispatchable("start", self.config.prefix, agent)
+        except InvalidRunRequest as exc:  # stored before validation existed, or by a foreign writer
+            await self.end_tree(run_id, Ending(RunStatus.FAILED, "failed", exc.to_wire()))
+            return (await self.store.require_run(run_id))[0]
         now = time.time()
         env = Envelope(
             # Fixed per run: two replicas dispatching the same run publish one message (JetStream dedupe).

@@ -17,9 +17,10 @@ from plexus.core._ids import RunId, SessionId
 from plexus.core._supervision import ExecutionBudget, Priority, RetryPolicy, SpawnBudget
 from plexus.runtime._envelope import WireError, blocks_from_payload
 from plexus.runtime._orchestration import InvalidRunRequest
-from plexus.runtime._subjects import escape_token
+from plexus.runtime._subjects import Subjects, checkpoint_key, escape_token
 
 __all__ = [
+    "check_dispatchable",
     "decode_request",
     "parse_agent",
     "parse_error",
@@ -43,8 +44,8 @@ def decode_request(verb: str, data: bytes, kind: type[T]) -> T:
         return msgspec.json.decode(data, type=kind)
     except msgspec.ValidationError as exc:
         raise InvalidRunRequest(verb, str(exc)) from None
-    except msgspec.DecodeError as exc:
-        raise InvalidRunRequest(verb, f"the body is not JSON: {exc}") from None
+    except Exception as exc:  # DecodeError, and RecursionError/UnicodeDecodeError/…: all bad input, not 500
+        raise InvalidRunRequest(verb, f"the body is not JSON: {type(exc).__name__}: {exc}") from None
 
 
 def _first_error(exc: ValidationError) -> str:
@@ -110,9 +111,22 @@ def parse_payload(verb: str, raw: msgspec.Raw) -> bytes:
         blocks_from_payload(raw)
     except WireError as exc:
         raise InvalidRunRequest(verb, f"payload: {exc.detail}") from None
-    except msgspec.DecodeError as exc:  # pragma: no cover - Raw is already valid JSON
-        raise InvalidRunRequest(verb, f"payload: {exc}") from None
+    except Exception as exc:  # blocks_from_payload turns decode failures into WireError; belt and braces
+        raise InvalidRunRequest(verb, f"payload: {type(exc).__name__}: {exc}") from None
     return data
+
+
+def check_dispatchable(verb: str, prefix: str, agent: AgentId) -> None:
+    """Refuse an agent whose inbox, EventLog or checkpoint key cannot be addressed (e.g. a key of 4,000
+    characters): stored, such a run could never be dispatched and would be retried forever."""
+    subjects = Subjects(prefix=prefix, namespace=agent.namespace)
+    try:
+        subjects.inbox(agent.type, agent.key)
+        subjects.evlog(agent.type, agent.key)
+        subjects.progress("run_" + "0" * 26, agent.type, agent.key)
+        checkpoint_key(agent.namespace, agent.type, agent.key)
+    except ValueError as exc:  # SubjectTooLongError
+        raise InvalidRunRequest(verb, f"agent {str(agent)[:100]!r} cannot be addressed: {exc}") from None
 
 
 def parse_error(verb: str, data: dict[str, Any] | None) -> dict[str, Any] | None:
@@ -121,8 +135,8 @@ def parse_error(verb: str, data: dict[str, Any] | None) -> dict[str, Any] | None
         return None
     try:
         return KernelError.from_wire(data).to_wire()
-    except (ValueError, TypeError) as exc:
-        raise InvalidRunRequest(verb, f"error: {exc}") from None
+    except Exception as exc:  # from_wire is total; to_wire of odd field values may still fail
+        raise InvalidRunRequest(verb, f"error: {type(exc).__name__}: {exc}") from None
 
 
 def parse_text(verb: str, field: str, value: str) -> str:

@@ -1,0 +1,73 @@
+"""Regression tests for issue 9's orchestrator-side bad input (items 2, 5 and 6): the exact inputs that
+made the service answer 500 with a traceback or store a run it could never dispatch."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from plexus.core import AgentId, KernelError, RunId, TextBlock
+from plexus.orchestrator import VERBS, Orchestrator
+from plexus.runtime import Runtime
+from plexus.runtime._orchestration import RunNotFoundError, RunStatus, orch_subject
+
+from .conftest import raw_call
+
+DEEP = b'{"run_id":' + b"[" * 5000 + b"]" * 5000 + b"}"
+BAD_UTF8 = b'{"run_id":"\xff\xfe","agent_id":"\xc3\x28"}'
+HUGE_INT = b'{"run_id":' + b"9" * 5000 + b',"priority":' + b"9" * 5000 + b"}"
+
+
+@pytest.mark.parametrize("verb", VERBS)
+@pytest.mark.parametrize(
+    "data", [DEEP, BAD_UTF8, HUGE_INT], ids=["nested-5000", "invalid-utf8", "5000-digits"]
+)
+async def test_undecodable_requests_get_a_typed_400_on_every_endpoint(
+    orch: Orchestrator, rt: Runtime, verb: str, data: bytes
+) -> None:
+    """Item 2: these escaped the decoder's error path; the service answered 500 with a traceback."""
+    msg, error = await raw_call(rt.nc, orch_subject("px", "default", verb), data)
+    assert error is not None, msg.data
+    assert msg.headers is not None
+    assert msg.headers["Nats-Service-Error-Code"] == "400"
+    assert error["error_type"] == "InvalidRunRequest"
+    assert (await rt.get_run(await rt.start_run(AgentId("echo", "k"), [TextBlock(text="x")]))).status
+
+
+@pytest.mark.parametrize(
+    "error",
+    [
+        {"error_type": "BudgetExhaustedError", "fields": {"dimension": 5}},
+        {"error_type": ""},
+        {"error_type": "CancellationError", "fields": {"reason": ["not", "a", "string"]}},
+    ],
+    ids=["dimension-5", "empty-type", "odd-reason"],
+)
+async def test_finished_with_an_unbuildable_error_is_stored_not_a_500(
+    orch: Orchestrator, rt: Runtime, error: dict[str, object]
+) -> None:
+    """Item 5: the `finished` endpoint answered 500 for an error dict `from_wire` could not rebuild."""
+    run_id = await rt.start_run(AgentId("echo", "k"), [TextBlock(text="x")])
+    body = json.dumps({"run_id": run_id, "status": "failed", "error": error}).encode()
+    msg, answer = await raw_call(rt.nc, orch_subject("px", "default", "finished"), body)
+    assert answer is None or (msg.headers or {}).get("Nats-Service-Error-Code") == "400", answer
+    if answer is None:
+        record = await rt.get_run(run_id)
+        assert record.status == RunStatus.FAILED
+        assert record.error is not None
+        assert isinstance(KernelError.from_wire(record.error), KernelError)
+
+
+async def test_a_run_that_could_never_be_dispatched_is_refused_before_it_is_stored(
+    orch: Orchestrator, rt: Runtime
+) -> None:
+    """Item 6: a 4,000-character key was stored, dispatch raised SubjectTooLongError, and the sweeper
+    retried the PENDING run every 2 s with a traceback, forever."""
+    run_id = str(RunId.new())
+    with pytest.raises(KernelError) as info:
+        await rt.start_run(AgentId("echo", "k" * 4000), [TextBlock(text="x")], run_id=run_id)
+    assert info.value.error_type == "InvalidRunRequest"
+    assert "cannot be addressed" in str(info.value)
+    with pytest.raises(RunNotFoundError):
+        await rt.get_run(run_id)
