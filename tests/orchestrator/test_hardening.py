@@ -47,7 +47,8 @@ async def test_undecodable_requests_get_a_typed_400_on_every_endpoint(
 async def test_finished_with_an_unbuildable_error_is_stored_not_a_500(
     orch: Orchestrator, rt: Runtime, error: dict[str, object]
 ) -> None:
-    """Item 5: the `finished` endpoint answered 500 for an error dict `from_wire` could not rebuild."""
+    """Item 5: the `finished` endpoint answered 500 for an error dict `from_wire` could not rebuild: now a
+    well-formed one is stored (as a generic error keeping what came) and a malformed one gets a 400."""
     run_id = await rt.start_run(AgentId("echo", "k"), [TextBlock(text="x")])
     body = json.dumps({"run_id": run_id, "status": "failed", "error": error}).encode()
     msg, answer = await raw_call(rt.nc, orch_subject("px", "default", "finished"), body)
