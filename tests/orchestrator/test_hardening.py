@@ -3,16 +3,23 @@ made the service answer 500 with a traceback or store a run it could never dispa
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
 from plexus.core import AgentId, KernelError, RunId, TextBlock
 from plexus.orchestrator import VERBS, Orchestrator
-from plexus.runtime import Runtime
+from plexus.runtime import NatsServer, Runtime
 from plexus.runtime._orchestration import RunNotFoundError, RunStatus, orch_subject
+from tests.runtime.conftest import REPO
 
-from .conftest import raw_call
+from .conftest import raw_call, until_serving
 
 DEEP = b'{"run_id":' + b"[" * 5000 + b"]" * 5000 + b"}"
 BAD_UTF8 = b'{"run_id":"\xff\xfe","agent_id":"\xc3\x28"}'
@@ -72,3 +79,38 @@ async def test_a_run_that_could_never_be_dispatched_is_refused_before_it_is_stor
     assert "cannot be addressed" in str(info.value)
     with pytest.raises(RunNotFoundError):
         await rt.get_run(run_id)
+
+
+async def test_an_orchestrator_whose_connection_is_closed_for_good_exits_nonzero(tmp_path: Path) -> None:
+    """Item 1 for the orchestrator: nats-py gives a connection up after some server errors ("maximum
+    control line exceeded") even with unlimited reconnects. The replica must exit (status 1) so a supervisor
+    restarts it, not linger without a connection. The server here allows 2,048-byte protocol lines, so
+    dispatching a run to a 2,500-character key (a valid subject) makes it close the replica's connection."""
+    server = NatsServer(store_dir=tmp_path / "nats", extra_config="max_control_line: 2048")
+    server.start()
+    log = (tmp_path / "orchestrator.log").open("wb")
+    proc = subprocess.Popen(  # noqa: ASYNC220 - test setup: the replica must be a real process
+        [sys.executable, "-m", "plexus.runtime.cli", "orchestrator", "--nats", server.url],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        cwd=REPO,
+    )
+    try:
+        rt = await Runtime.connect(server.url)
+        try:
+            await until_serving(rt.nc)
+            with contextlib.suppress(KernelError):  # the replica dies while dispatching
+                await rt.start_run(AgentId("echo", "k" * 2500), [TextBlock(text="x")])
+            async with asyncio.timeout(30):
+                while proc.poll() is None:  # noqa: ASYNC110 - another process's state
+                    await asyncio.sleep(0.1)
+        finally:
+            await rt.close()
+        assert proc.returncode == 1
+        assert "NATS connection was closed for good" in (tmp_path / "orchestrator.log").read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=10)
+        server.cleanup()

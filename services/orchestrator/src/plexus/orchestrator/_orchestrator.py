@@ -53,12 +53,24 @@ class Orchestrator:
         self.sweeper: Sweeper | None = None
         self.watcher: BudgetWatcher | None = None
         self.service: OrchestratorService | None = None
+        #: Set when a connection opened by `connect` is closed for good (nats-py gives a connection up after
+        #: some server errors even with unlimited reconnects): the process must exit, not linger.
+        self.connection_closed = asyncio.Event()
 
     @classmethod
     async def connect(cls, url: str | list[str], config: OrchestratorConfig | None = None) -> Orchestrator:
         servers = [url] if isinstance(url, str) else url
-        nc = await nats.connect(servers=servers, name="plexus-orchestrator", max_reconnect_attempts=-1)
-        return cls(nc, config, own_connection=True)
+        closed = asyncio.Event()
+
+        async def on_closed() -> None:
+            closed.set()
+
+        nc = await nats.connect(
+            servers=servers, name="plexus-orchestrator", max_reconnect_attempts=-1, closed_cb=on_closed
+        )
+        orch = cls(nc, config, own_connection=True)
+        orch.connection_closed = closed
+        return orch
 
     @property
     def id(self) -> str:

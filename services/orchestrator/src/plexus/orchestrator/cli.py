@@ -8,6 +8,7 @@ import asyncio
 import logging
 import os
 import signal
+import sys
 from typing import Any
 
 from ._orchestrator import Orchestrator, OrchestratorConfig
@@ -63,11 +64,10 @@ def run(args: argparse.Namespace) -> int:
         partitions=args.partitions,
         sweeper=SweeperConfig(tick_s=args.tick),
     )
-    asyncio.run(_serve(urls, config))
-    return 0
+    return asyncio.run(_serve(urls, config))
 
 
-async def _serve(urls: list[str], config: OrchestratorConfig) -> None:
+async def _serve(urls: list[str], config: OrchestratorConfig) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -76,8 +76,21 @@ async def _serve(urls: list[str], config: OrchestratorConfig) -> None:
     await orch.start()
     scope = config.namespace if config.namespace is not None else "all namespaces"
     print(f"plexus orchestrator {orch.id} serving {scope} on {', '.join(urls)}", flush=True)
+    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(orch.connection_closed.wait())}
     try:
-        await stop.wait()
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
     finally:
-        print("plexus orchestrator: stopping", flush=True)
-        await orch.stop()
+        for waiter in waits:
+            waiter.cancel()
+    if orch.connection_closed.is_set() and not stop.is_set():
+        # Every decision lives in JetStream: another replica (or this one, restarted) carries on.
+        print(
+            "plexus orchestrator: error: the NATS connection was closed for good; exiting so a supervisor"
+            " can restart us",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    print("plexus orchestrator: stopping", flush=True)
+    await orch.stop()
+    return 0
