@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, KernelError, RunId, TextBlock
+from plexus.core import AgentId, CancellationError, ExecutionBudget, KernelError, RunId, TextBlock
 from plexus.orchestrator import VERBS, Orchestrator
 from plexus.runtime import NatsServer, Runtime
-from plexus.runtime._orchestration import RunNotFoundError, RunStatus, orch_subject
+from plexus.runtime._orchestration import FinishedReport, RunNotFoundError, RunStatus, orch_subject
 from tests.runtime.conftest import REPO
 
-from .conftest import raw_call, until_serving
+from .conftest import call, raw_call, until_serving
 
 DEEP = b'{"run_id":' + b"[" * 5000 + b"]" * 5000 + b"}"
 BAD_UTF8 = b'{"run_id":"\xff\xfe","agent_id":"\xc3\x28"}'
@@ -168,3 +168,26 @@ async def test_a_request_lost_with_a_frozen_replica_is_retried_well_before_the_o
         os.kill(frozen.pid, signal.SIGKILL)
         frozen.wait(timeout=10)
         server.cleanup()
+
+
+async def test_a_run_cancelled_by_its_deadline_ends_failed_whoever_reports_first(
+    orch: Orchestrator, rt: Runtime
+) -> None:
+    """Item 10: a run past its deadline ended either `failed: deadline` (the sweeper first) or `cancelled:
+    Cancelled: deadline` (the worker's deadline interceptor first, about 1 run in 6). Here the worker's
+    report comes first, deterministically: the documented outcome is FAILED with CancellationError."""
+    run_id = await rt.start_run(
+        AgentId("echo", "late"), [TextBlock(text="x")], budget=ExecutionBudget(deadline_s=30)
+    )
+    report = FinishedReport(run_id=run_id, status="cancelled", error=CancellationError("deadline").to_wire())
+    await call(rt, "finished", report)
+    record = await rt.get_run(run_id)
+    assert record.status == RunStatus.FAILED
+    assert record.error == CancellationError("deadline").to_wire()
+
+
+async def test_a_plain_cancellation_report_still_ends_cancelled(orch: Orchestrator, rt: Runtime) -> None:
+    run_id = await rt.start_run(AgentId("echo", "stop"), [TextBlock(text="x")])
+    report = FinishedReport(run_id=run_id, status="cancelled", error=CancellationError("user").to_wire())
+    await call(rt, "finished", report)
+    assert (await rt.get_run(run_id)).status == RunStatus.CANCELLED
