@@ -16,9 +16,17 @@ from pathlib import Path
 import pytest
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, CancellationError, ExecutionBudget, KernelError, RunId, TextBlock
-from plexus.orchestrator import VERBS, Orchestrator
-from plexus.runtime import NatsServer, Runtime
+from plexus.core import (
+    AgentId,
+    AgentNotFoundError,
+    CancellationError,
+    ExecutionBudget,
+    KernelError,
+    RunId,
+    TextBlock,
+)
+from plexus.orchestrator import VERBS, Orchestrator, OrchestratorConfig, SweeperConfig
+from plexus.runtime import AgentTypeInfo, NatsServer, Runtime, WorkerInfo
 from plexus.runtime._orchestration import FinishedReport, RunNotFoundError, RunStatus, orch_subject
 from tests.runtime.conftest import REPO
 
@@ -191,3 +199,49 @@ async def test_a_plain_cancellation_report_still_ends_cancelled(orch: Orchestrat
     report = FinishedReport(run_id=run_id, status="cancelled", error=CancellationError("user").to_wire())
     await call(rt, "finished", report)
     assert (await rt.get_run(run_id)).status == RunStatus.CANCELLED
+
+
+async def test_a_stateless_type_is_refused_at_start(orch: Orchestrator, rt: Runtime) -> None:
+    """Item 8: `start_run` on a `durable=False` type was accepted and stayed RUNNING forever (its entry
+    message sat in a durable inbox no consumer reads)."""
+    await rt.registry.register_type(
+        AgentTypeInfo(namespace="default", type="stateless", durable=False, partitions=rt.partitions)
+    )
+    run_id = str(RunId.new())
+    with pytest.raises(KernelError) as info:
+        await rt.start_run(AgentId("stateless", "k"), [TextBlock(text="x")], run_id=run_id)
+    assert info.value.error_type == "InvalidRunRequest"
+    assert "durable=False" in str(info.value)
+    with pytest.raises(RunNotFoundError):
+        await rt.get_run(run_id)
+
+
+async def test_a_run_no_worker_can_host_fails_after_the_grace_period(
+    nats_server: NatsServer, rt: Runtime
+) -> None:
+    """Item 8: a run of a type no worker hosts stayed RUNNING forever. It may wait for a worker (as a
+    Temporal workflow waits on its task queue), but fails with AgentNotFoundError after the grace period;
+    a run whose type has a live worker is left alone."""
+    sweeper = SweeperConfig(tick_s=0.05, repair_s=0.2, no_host_grace_s=0.5)
+    async with await Orchestrator.connect(nats_server.url, OrchestratorConfig(sweeper=sweeper)):
+        await until_serving(rt.nc)
+        await _hosted_and_ghost(rt)
+
+
+async def _hosted_and_ghost(rt: Runtime) -> None:
+    await rt.registry.heartbeat(
+        WorkerInfo(
+            worker_id="w1",
+            host="h",
+            pid=1,
+            started_at=time.time(),
+            heartbeat_at=time.time(),
+            types=["default/hosted"],
+        )
+    )
+    hosted = await rt.start_run(AgentId("hosted", "k"), [TextBlock(text="x")])
+    ghost = await rt.start_run(AgentId("ghost", "k"), [TextBlock(text="x")])
+    record = await rt.wait_run(ghost, timeout=20)
+    assert record.status == RunStatus.FAILED
+    assert record.error == AgentNotFoundError("ghost/k").to_wire()
+    assert (await rt.get_run(hosted)).status == RunStatus.RUNNING

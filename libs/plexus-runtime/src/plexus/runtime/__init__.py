@@ -26,7 +26,7 @@ from ._interceptors import (
     SendInput,
     TracingInterceptor,
 )
-from ._registry import AgentTypeInfo, WorkerInfo
+from ._registry import AgentTypeInfo, Registry, WorkerInfo
 from ._server import NatsCluster, NatsServer, NatsServerError
 from ._subjects import Subjects, SubjectTooLongError, escape_token, unescape_token
 from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
@@ -60,6 +60,7 @@ __all__ = [
     "NatsServerError",
     "PayloadTooLargeError",
     "PublishInput",
+    "Registry",
     "Reply",
     "RunInfo",
     "Runtime",

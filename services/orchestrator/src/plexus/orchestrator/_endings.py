@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -34,6 +34,9 @@ from plexus.runtime._orchestration import (
 from ._budget import budget_error, read_usage
 from ._events import Announcer, namespace_of
 from ._store import RunStore
+
+if TYPE_CHECKING:
+    from ._hosts import HostCheck
 
 __all__ = ["DEADLINE", "Ending", "EngineConfig", "EngineCore", "apply_ending", "tree_error"]
 
@@ -79,6 +82,8 @@ class EngineCore:
         self.store = store
         self.config = config
         self.announce = Announcer(nc, js, config.prefix, config.events_stream)
+        #: Registry checks (set by the replica; None in engine-only tests): see `_hosts.py`.
+        self.hosts: HostCheck | None = None
 
     # -- helpers --------------------------------------------------------------------------------------
     async def usage(self, root: RunRecord, tree: TreeRecord | None = None) -> UsageTotals:

@@ -59,6 +59,8 @@ class Engine(EngineCore):
     async def start(self, req: StartRunRequest) -> StartRunReply:
         agent = v.parse_agent("start", "agent_id", req.agent_id)
         v.check_dispatchable("start", self.config.prefix, agent)
+        if self.hosts is not None:
+            await self.hosts.refuse_stateless(agent)
         payload = v.parse_payload("start", req.payload)
         budget, spawn_budget, retry = v.budgets("start", req.budget, req.spawn_budget, req.retry)
         priority = v.parse_priority("start", req.priority)

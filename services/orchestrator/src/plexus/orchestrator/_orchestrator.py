@@ -14,10 +14,12 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from plexus.runtime import Registry
 from plexus.runtime._topology import TopologyNames, ensure_topology
 
 from ._budget import BudgetWatcher
 from ._engine import Engine, EngineConfig
+from ._hosts import HostCheck
 from ._service import OrchestratorService
 from ._store import RunStore
 from ._sweeper import RunIndex, Sweeper, SweeperConfig
@@ -115,12 +117,22 @@ class Orchestrator:
         await self.index.start()
         self.watcher = BudgetWatcher(self.nc, self.config.prefix, self._budget_moved)
         await self.watcher.start()
-        self.sweeper = Sweeper(self.engine, self.index, self.config.sweeper)
+        hosts = await self._host_check()
+        self.engine.hosts = hosts
+        self.sweeper = Sweeper(self.engine, self.index, self.config.sweeper, hosts)
         self.sweeper.start()
         self.service = OrchestratorService(self.nc, self.engine, self.config.prefix, self.config.namespace)
         await self.service.start()
         await self.nc.flush()
         return self
+
+    async def _host_check(self) -> HostCheck:
+        names = self.config.names
+        workers = await self.js.key_value(names.workers_bucket)
+        # The workers bucket's TTL is the cluster's heartbeat TTL (see docs/architecture.md).
+        ttl = (await workers.status()).ttl or 10.0
+        registry = Registry(await self.js.key_value(names.registry_bucket), workers, ttl_s=ttl)
+        return HostCheck(registry, self.config.sweeper.no_host_grace_s)
 
     async def _budget_moved(self, root_id: str) -> None:
         assert self.engine is not None

@@ -18,11 +18,14 @@ from typing import Any
 
 from nats.js.kv import KeyValue
 
+from plexus.core import AgentNotFoundError
 from plexus.runtime._orchestration import TERMINAL, RunRecord, RunStatus, TreeRecord
 from plexus.runtime._subjects import unescape_token
 
 from ._budget import budget_error
+from ._endings import Ending
 from ._engine import Engine
+from ._hosts import HostCheck
 from ._store import decode_run, decode_tree
 
 __all__ = ["RunIndex", "Sweeper", "SweeperConfig"]
@@ -149,6 +152,7 @@ class SweeperConfig:
         start_grace_s: float = 2.0,
         spawn_grace_s: float = 30.0,
         close_grace_s: float = 2.0,
+        no_host_grace_s: float = 30.0,
     ) -> None:
         for name, value in locals().items():
             if name != "self" and value <= 0:
@@ -159,15 +163,24 @@ class SweeperConfig:
         self.start_grace_s = start_grace_s
         self.spawn_grace_s = spawn_grace_s
         self.close_grace_s = close_grace_s
+        #: How long a root run may wait for any live worker to host its type before it fails.
+        self.no_host_grace_s = no_host_grace_s
 
 
 class Sweeper:
     """The periodic duties (see the module docstring); one per replica, all replicas run them."""
 
-    def __init__(self, engine: Engine, index: RunIndex, config: SweeperConfig | None = None) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        index: RunIndex,
+        config: SweeperConfig | None = None,
+        hosts: HostCheck | None = None,
+    ) -> None:
         self.engine = engine
         self.index = index
         self.config = config or SweeperConfig()
+        self.hosts = hosts
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
         self.rounds = 0
@@ -246,6 +259,16 @@ class Sweeper:
             held = [run_id for run_id in tree.active if run_id != root_id and run_id not in self.index.runs]
             if held:  # slots of runs that ended (or were never written): free them
                 await self._guard("release", root_id, self._release_ended(root_id, held, now))
+        if self.hosts is not None:
+            await self._guard("hosts", "*", self._fail_unhosted(now))
+
+    async def _fail_unhosted(self, now: float) -> None:
+        assert self.hosts is not None
+        roots = [r for r in self.index.runs.values() if r.parent_id is None and r.status == RunStatus.RUNNING]
+        for root in await self.hosts.unhosted(roots, now):
+            error = AgentNotFoundError(root.agent_id)
+            ending = Ending(RunStatus.FAILED, "no_host", error.to_wire(), reason=str(error))
+            await self._guard("no host", root.run_id, self.engine.end_tree(root.run_id, ending))
 
     async def _stale_spawn(self, child: RunRecord) -> None:
         """A spawn whose replica died before answering, and that its spawner never retried (a retry with
