@@ -1,0 +1,55 @@
+"""Plexus LLM loop: streaming model clients over the official SDKs and the durable agent loop.
+
+Public API (the ``_modules`` are private):
+
+- the model boundary: `ModelClient`, `ModelRequest`, `ToolSpec`, `complete`, the stream events, and
+  `TurnAccumulator` / `ModelTurn` (tool calls accumulated by index)
+- typed provider errors: `ProviderError` and its subclasses
+- a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
+"""
+
+from __future__ import annotations
+
+from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
+from ._client import ModelClient, ModelRequest, ToolSpec, complete
+from ._errors import (
+    AuthenticationError,
+    BadRequestError,
+    ContextTooLongError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from ._events import (
+    FinishEvent,
+    ModelEvent,
+    ReasoningDeltaEvent,
+    TextDeltaEvent,
+    ToolCallDeltaEvent,
+    UsageEvent,
+)
+from ._scripted import ScriptedModel, ScriptedTurn
+
+__all__ = [
+    "INVALID_ARGUMENTS_KEY",
+    "AuthenticationError",
+    "BadRequestError",
+    "ContextTooLongError",
+    "FinishEvent",
+    "ModelClient",
+    "ModelEvent",
+    "ModelRequest",
+    "ModelTurn",
+    "ProviderError",
+    "ProviderUnavailableError",
+    "RateLimitError",
+    "ReasoningDeltaEvent",
+    "ScriptedModel",
+    "ScriptedTurn",
+    "TextDeltaEvent",
+    "ToolCallDeltaEvent",
+    "ToolSpec",
+    "TurnAccumulator",
+    "UsageEvent",
+    "complete",
+]

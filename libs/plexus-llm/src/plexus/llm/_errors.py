@@ -1,0 +1,59 @@
+"""Typed provider errors. Adapters map their SDK's exceptions onto these; the loop and middleware branch on
+the type (retry a `RateLimitError` after ``retry_after_s``, never retry an `AuthenticationError`)."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from plexus.core import KernelError
+
+__all__ = [
+    "AuthenticationError",
+    "BadRequestError",
+    "ContextTooLongError",
+    "ProviderError",
+    "ProviderUnavailableError",
+    "RateLimitError",
+]
+
+
+class ProviderError(KernelError):
+    """A model provider refused or failed a call. ``status`` is the HTTP status (0: no response)."""
+
+    fields: ClassVar[tuple[str, ...]] = ("message", "provider", "status")
+
+    def __init__(self, message: str, provider: str = "", status: int = 0) -> None:
+        super().__init__(message)
+        self.provider = provider
+        self.status = status
+
+
+class RateLimitError(ProviderError):
+    """HTTP 429; ``retry_after_s`` is the provider's ``retry-after`` when it sent one."""
+
+    fields: ClassVar[tuple[str, ...]] = ("message", "provider", "status", "retry_after_s")
+    recoverable = True
+
+    def __init__(
+        self, message: str, provider: str = "", status: int = 429, retry_after_s: float | None = None
+    ) -> None:
+        super().__init__(message, provider, status)
+        self.retry_after_s = retry_after_s
+
+
+class ContextTooLongError(ProviderError):
+    """The prompt does not fit the model's context window: compact the transcript, do not retry as is."""
+
+
+class AuthenticationError(ProviderError):
+    """HTTP 401/403: the key is missing, wrong or lacks permission."""
+
+
+class BadRequestError(ProviderError):
+    """HTTP 400/404/422: the request itself is wrong; retrying it unchanged cannot help."""
+
+
+class ProviderUnavailableError(ProviderError):
+    """5xx, a timeout, a refused connection or a stream cut mid-way: retrying later may succeed."""
+
+    recoverable = True

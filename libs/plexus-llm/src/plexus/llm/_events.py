@@ -1,0 +1,73 @@
+"""The events of one streamed model call: the only primitive a `ModelClient` has to provide.
+
+Adapters translate their SDK's stream into these; `TurnAccumulator` folds them into one assistant item.
+Frozen slotted dataclasses, not pydantic models: thousands are made per call and they never cross a wire.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from plexus.core import FinishReason, Usage
+
+__all__ = [
+    "FinishEvent",
+    "ModelEvent",
+    "ReasoningDeltaEvent",
+    "TextDeltaEvent",
+    "ToolCallDeltaEvent",
+    "UsageEvent",
+]
+
+
+@dataclass(frozen=True, slots=True)
+class TextDeltaEvent:
+    """A chunk of answer text. ``index`` tells apart text blocks of providers that stream several."""
+
+    text: str
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDeltaEvent:
+    """A chunk of reasoning, and/or (part of) its opaque ``signature``; a block may carry only a signature.
+
+    ``redacted`` marks a block whose content the provider withheld (Anthropic ``redacted_thinking``: the
+    opaque payload travels in ``signature`` and must be re-submitted verbatim).
+    """
+
+    text: str = ""
+    signature: str = ""
+    index: int = 0
+    redacted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDeltaEvent:
+    """A piece of one tool call, keyed by ``index``.
+
+    The first piece of a call usually carries ``call_id`` and ``name``; continuation pieces often carry only
+    ``arguments`` (a fragment of the JSON text) and must never be dropped.
+    """
+
+    index: int
+    call_id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class UsageEvent:
+    """Token counts (and cost) of the call so far; later events replace earlier ones."""
+
+    usage: Usage
+
+
+@dataclass(frozen=True, slots=True)
+class FinishEvent:
+    """Why the model stopped, normalised; the provider's own value is in ``reason.raw``."""
+
+    reason: FinishReason
+
+
+ModelEvent = TextDeltaEvent | ReasoningDeltaEvent | ToolCallDeltaEvent | UsageEvent | FinishEvent
