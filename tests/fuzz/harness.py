@@ -1,0 +1,244 @@
+"""The fuzz harness: a real nats-server, a `plexus worker` and a `plexus orchestrator` process, a raw nats-py
+client that sends fuzzed messages in batches, and liveness rounds through `Runtime` between batches.
+
+It fails (`FuzzFailure`, naming the seed, the batch and the last inputs) on: a process exiting or losing its
+NATS connection, a liveness round failing, a message of a hosted type left unacknowledged after the run
+quiesces, a traceback in a service log, or a 500-class orchestrator answer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+import urllib.request
+from collections import Counter, deque
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+from plexus.core import AgentId, TextBlock, TopicId
+from plexus.runtime import NatsServer, Runtime, TypeSubscription
+
+from .mutate import Shot, shot
+
+REPO = Path(__file__).resolve().parents[2]
+HOSTED_DURABLE = ("echo", "spawner", "listener")
+BATCH = 500
+
+
+class FuzzFailure(AssertionError):
+    pass
+
+
+@dataclass
+class Report:
+    seed: int
+    messages: int
+    seconds: float = 0.0
+    kinds: Counter[str] = field(default_factory=Counter)
+    orchestrator_codes: Counter[str] = field(default_factory=Counter)
+    liveness_rounds: int = 0
+
+    def summary(self) -> str:
+        rate = self.messages / self.seconds if self.seconds else 0.0
+        return (
+            f"fuzz seed={self.seed}: {self.messages} messages in {self.seconds:.1f}s ({rate:,.0f}/s), "
+            f"{self.liveness_rounds} liveness rounds; by target {dict(self.kinds)}; "
+            f"orchestrator error codes {dict(self.orchestrator_codes)}"
+        )
+
+
+class Harness:
+    def __init__(self, seed: int, messages: int, workdir: Path) -> None:
+        self.seed = seed
+        self.messages = messages
+        self.workdir = workdir
+        self.rng = random.Random(seed)
+        self.report = Report(seed, messages)
+        self.recent: deque[Shot] = deque(maxlen=20)
+        self.procs: dict[str, subprocess.Popen[bytes]] = {}
+        self.server: NatsServer | None = None
+        self.batch = 0
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    def _spawn(self, name: str, *args: str) -> None:
+        assert self.server is not None
+        log = (self.workdir / f"{name}.log").open("wb")
+        cmd = [sys.executable, "-m", "plexus.runtime.cli", *args, "--nats", self.server.url]
+        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+    async def run(self) -> Report:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.server = NatsServer(store_dir=self.workdir / "nats")
+        await asyncio.to_thread(self.server.start)
+        started = time.monotonic()
+        try:
+            rt = await Runtime.connect(self.server.url, name="fuzz-liveness")
+            try:
+                self._spawn("orchestrator", "orchestrator")
+                self._spawn("worker", "worker", "tests.fuzz.app:app", "--ack-wait", "5")
+                await rt.add_subscription(TypeSubscription(topic_type="fuzz", agent_type="listener"))
+                await self._ready(rt)
+                raw = await nats.connect(self.server.url, name="fuzz", max_reconnect_attempts=-1)
+                try:
+                    await self._fire(rt, raw)
+                finally:
+                    await raw.close()
+                await self._quiesce(rt)
+            finally:
+                await rt.close()
+            self._check_logs()
+        finally:
+            self.report.seconds = time.monotonic() - started
+            for proc in self.procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+                    await asyncio.to_thread(proc.wait, 10)
+            await asyncio.to_thread(self.server.cleanup)
+        return self.report
+
+    async def _ready(self, rt: Runtime) -> None:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            self._check_processes()
+            if all([await rt.workers(t) for t in HOSTED_DURABLE]):
+                with contextlib.suppress(Exception):
+                    await rt.get_run("run_probe")
+                with contextlib.suppress(Exception):
+                    await self._liveness(rt)
+                    return
+            await asyncio.sleep(0.2)
+        self._fail("the worker and orchestrator did not become ready")
+
+    # -- firing ---------------------------------------------------------------------------------------
+    async def _fire(self, rt: Runtime, raw: NATS) -> None:
+        inbox = raw.new_inbox()
+        answers: list[Msg] = []
+
+        async def collect(msg: Msg) -> None:
+            answers.append(msg)
+
+        await raw.subscribe(inbox + ".>", cb=collect)
+        js = raw.jetstream()
+        sent = 0
+        while sent < self.messages:
+            self.batch += 1
+            for _ in range(min(BATCH, self.messages - sent)):
+                one = shot(self.rng, rt.subjects, f"{inbox}.r{sent}")
+                self.recent.append(one)
+                self.report.kinds[one.kind] += 1
+                await self._send(raw, js, one, f"{inbox}.a{sent}")
+                sent += 1
+            await raw.flush()
+            await asyncio.sleep(0.3)  # let answers arrive before they are checked
+            self._check_answers(answers)
+            answers.clear()
+            await self._liveness(rt)
+
+    async def _send(self, raw: NATS, js: Any, one: Shot, reply: str) -> None:
+        if len(one.subject) > 3500 or any(c in one.subject for c in " \t\r\n"):
+            return  # not sendable by any client: the server would close the *sender's* connection
+        try:
+            if one.jetstream:
+                with contextlib.suppress(Exception):  # refused by the server (bad counter, fenced log): fine
+                    await js.publish(one.subject, one.data, headers=one.headers, timeout=5)
+            else:
+                await raw.publish(
+                    one.subject, one.data, reply=reply if one.reply else "", headers=one.headers
+                )
+        except Exception as exc:
+            if raw.is_closed:
+                self._fail(f"the fuzz client's own connection closed ({exc!r}): the input is unsendable")
+
+    def _check_answers(self, answers: list[Msg]) -> None:
+        for msg in answers:
+            code = (msg.headers or {}).get("Nats-Service-Error-Code")
+            if code:
+                self.report.orchestrator_codes[code] += 1
+                if code.startswith("5"):
+                    self._fail(f"orchestrator answered {code}: {msg.data[:300]!r}")
+
+    # -- checks ---------------------------------------------------------------------------------------
+    async def _liveness(self, rt: Runtime) -> None:
+        self._check_processes()
+        key = f"live-{self.batch}-{self.rng.randrange(1 << 30)}"
+        blocks = [TextBlock(text=f"alive {self.batch}")]
+        try:
+            async with asyncio.timeout(60):
+                assert await rt.send_message(blocks, AgentId("echo", key), timeout=20) == blocks
+                assert await rt.send_message(blocks, AgentId("echo-eph", key), timeout=20) == blocks
+                assert await rt.publish_message(blocks, TopicId("fuzz", key)) == 1
+                run_id = await rt.start_run(AgentId("spawner", key), blocks)
+                record = await rt.wait_run(run_id, timeout=30)
+                assert record.status == "completed", record
+        except Exception as exc:
+            self._fail(f"liveness round failed: {exc!r}")
+        self.report.liveness_rounds += 1
+        self._check_connections()
+
+    def _check_processes(self) -> None:
+        for name, proc in self.procs.items():
+            if proc.poll() is not None:
+                self._fail(f"{name} exited with {proc.returncode}")
+
+    def _check_connections(self) -> None:
+        assert self.server is not None
+        url = f"http://127.0.0.1:{self.server.monitor_port}/connz?limit=1024"
+        with urllib.request.urlopen(url, timeout=5) as resp:
+            names = Counter(c.get("name", "") for c in json.loads(resp.read())["connections"])
+        if names["plexus-orchestrator"] < 1:
+            self._fail(f"the orchestrator's connection is gone (connections: {dict(names)})")
+        if names["plexus"] < 1:
+            self._fail(f"the worker's connection is gone (connections: {dict(names)})")
+
+    async def _quiesce(self, rt: Runtime) -> None:
+        """Every message of a hosted durable type is acked once the run settles (nothing stuck, nothing
+        redelivered forever)."""
+        deadline = time.monotonic() + 60
+        stuck: dict[str, tuple[int, int]] = {}
+        while time.monotonic() < deadline:
+            stuck = {}
+            async for info in _consumers(rt):
+                name = info.name or ""
+                hosted = any(f"__{t}__" in name for t in HOSTED_DURABLE)
+                if hosted and (info.num_pending or info.num_ack_pending):
+                    stuck[name] = (info.num_pending, info.num_ack_pending)
+            if not stuck:
+                return
+            await asyncio.sleep(1)
+        self._fail(f"messages never acked (consumer: pending, ack pending): {stuck}")
+
+    def _check_logs(self) -> None:
+        for name in self.procs:
+            text = (self.workdir / f"{name}.log").read_text(errors="replace")
+            if "Traceback" in text:
+                at = text.index("Traceback")
+                self._fail(f"a traceback in the {name} log:\n{text[max(at - 200, 0) : at + 2500]}")
+
+    def _fail(self, what: str) -> None:
+        last = "\n  ".join(s.describe() for s in list(self.recent)[-5:])
+        raise FuzzFailure(
+            f"fuzz seed {self.seed}, batch {self.batch}: {what}\n  last inputs:\n  {last}\n"
+            f"  replay: python -m tests.fuzz --seed {self.seed} --messages {self.messages}"
+        )
+
+
+async def _consumers(rt: Runtime) -> Any:
+    stream = rt.topology.names.inbox_stream
+    for info in await rt.js.consumers_info(stream):
+        yield info
+
+
+async def fuzz(seed: int, messages: int, workdir: Path) -> Report:
+    return await Harness(seed, messages, workdir).run()
