@@ -136,7 +136,9 @@ def parse_error(verb: str, data: dict[str, Any] | None) -> dict[str, Any] | None
     # Strict at the service boundary (from_wire itself accepts anything): the shape of a wire error.
     error_type, fields = data.get("error_type"), data.get("fields", {})
     if not isinstance(error_type, str) or not error_type or not isinstance(fields, dict):
-        raise InvalidRunRequest(verb, "error: not a wire error (a non-empty 'error_type', 'fields' an object)")
+        raise InvalidRunRequest(
+            verb, "error: not a wire error (a non-empty 'error_type', 'fields' an object)"
+        )
     try:
         return KernelError.from_wire(data).to_wire()
     except Exception as exc:  # from_wire is total; to_wire of odd field values may still fail
