@@ -5,6 +5,7 @@ Public API (the ``_modules`` are private):
 - the model boundary: `ModelClient`, `ModelRequest`, `ToolSpec`, `complete`, the stream events, and
   `TurnAccumulator` / `ModelTurn` (tool calls accumulated by index)
 - typed provider errors: `ProviderError` and its subclasses
+- adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``)
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
@@ -28,6 +29,7 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._scripted import ScriptedModel, ScriptedTurn
 
 __all__ = [
@@ -40,6 +42,7 @@ __all__ = [
     "ModelEvent",
     "ModelRequest",
     "ModelTurn",
+    "OpenAIChatModel",
     "ProviderError",
     "ProviderUnavailableError",
     "RateLimitError",
@@ -52,4 +55,6 @@ __all__ = [
     "TurnAccumulator",
     "UsageEvent",
     "complete",
+    "openai_messages",
+    "openai_request",
 ]

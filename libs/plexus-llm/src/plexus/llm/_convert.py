@@ -1,0 +1,73 @@
+"""Provider-neutral pieces of the seed 004 boundary: which items reach a model, how tool output and data
+blocks become text, and base64/MIME for inline media."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterable, Sequence
+
+from plexus.core import (
+    BaseBlock,
+    CodeBlock,
+    DataBlock,
+    ErrorBlock,
+    Item,
+    MediaBlock,
+    TextBlock,
+    ToolResultBlock,
+    check_tool_pairing,
+    model_facing,
+    model_items,
+)
+
+__all__ = ["CANCELLED_RESULT", "blocks_text", "media_base64", "prepare", "unanswered_calls"]
+
+#: What a model is told for a call that never got a result (cancelled, crashed): every call is answered.
+CANCELLED_RESULT = "[no result: the call was cancelled before it finished]"
+
+
+def prepare(items: Iterable[Item]) -> list[Item]:
+    """The model-facing transcript: session-only items dropped or turned into summaries, every block
+    stripped of what never reaches a model (metadata, ``terminate``); tool pairing checked (ProtocolError).
+    """
+    out = [Item(kind=item.kind, blocks=[model_facing(b) for b in item.blocks]) for item in model_items(items)]
+    check_tool_pairing(out)
+    return out
+
+
+def unanswered_calls(items: Sequence[Item]) -> set[str]:
+    """Call ids of tool_use blocks with no tool_result anywhere in ``items``."""
+    from plexus.core import ToolUseBlock
+
+    calls = {b.call_id for i in items for b in i.blocks if isinstance(b, ToolUseBlock)}
+    results = {b.call_id for i in items for b in i.blocks if isinstance(b, ToolResultBlock)}
+    return calls - results
+
+
+def blocks_text(blocks: Sequence[BaseBlock]) -> str:
+    """Text rendering of blocks for places that accept only text (tool results, system prompts)."""
+    parts: list[str] = []
+    for block in blocks:
+        if isinstance(block, TextBlock):
+            parts.append(block.text)
+        elif isinstance(block, CodeBlock):
+            parts.append(f"```{block.language or ''}\n{block.code}\n```")
+        elif isinstance(block, DataBlock):
+            parts.append(json.dumps(block.data, sort_keys=True))
+        elif isinstance(block, ErrorBlock):
+            parts.append(f"Error ({block.error_type}): {block.message}")
+        elif isinstance(block, ToolResultBlock):
+            parts.append(blocks_text(block.content))
+        elif isinstance(block, MediaBlock):
+            parts.append(f"[{block.type}: {block.mime_type or 'unknown type'}]")
+        else:
+            parts.append(f"[{block.type}]")
+    return "\n".join(parts)
+
+
+def media_base64(block: MediaBlock) -> tuple[str, str] | None:
+    """(base64 data, MIME type) of inline media, the type sniffed by the block; None when it has no bytes."""
+    if block.data is None:
+        return None
+    return base64.b64encode(block.data).decode("ascii"), block.mime_type or "application/octet-stream"

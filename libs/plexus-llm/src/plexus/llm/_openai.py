@@ -1,0 +1,265 @@
+"""`OpenAIChatModel`: OpenAI-compatible Chat Completions (OpenAI, vLLM, Ollama, LM Studio: any ``base_url``)
+over the official ``openai`` SDK, which owns the transport, retries and SSE parsing."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import httpx2
+import openai
+
+from plexus.core import (
+    AudioBlock,
+    BaseBlock,
+    DocumentBlock,
+    FinishReason,
+    ImageBlock,
+    Item,
+    ItemKind,
+    JsonValue,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+from ._client import ModelRequest, ToolSpec
+from ._convert import CANCELLED_RESULT, blocks_text, media_base64, prepare
+from ._errors import (
+    AuthenticationError,
+    BadRequestError,
+    ContextTooLongError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from ._events import (
+    FinishEvent,
+    ModelEvent,
+    ReasoningDeltaEvent,
+    TextDeltaEvent,
+    ToolCallDeltaEvent,
+    UsageEvent,
+)
+
+__all__ = ["OpenAIChatModel", "openai_messages", "openai_request", "openai_tools"]
+
+_SYSTEM_KINDS = (ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT)
+_AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
+
+
+class OpenAIChatModel:
+    """A `ModelClient` over ``AsyncOpenAI.chat.completions`` with ``stream=True``."""
+
+    def __init__(self, client: openai.AsyncOpenAI, model: str) -> None:
+        self._client = client
+        self._model = model
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        body = openai_request(self._model, request)
+        finished = False
+        try:
+            chunks = await self._client.chat.completions.create(**body)
+            async for chunk in chunks:
+                for event in _chunk_events(chunk):
+                    finished = finished or isinstance(event, FinishEvent)
+                    yield event
+        except openai.APIError as exc:
+            raise _map_error(exc) from exc
+        except httpx2.HTTPError as exc:  # a connection cut mid-stream surfaces from httpx2, unwrapped
+            raise ProviderUnavailableError(f"stream broken: {exc!r}", "openai", 0) from exc
+        if not finished:
+            # The SDK ends quietly when the server closes the body early; a turn without a finish reason
+            # is a broken stream, not a completed answer.
+            raise ProviderUnavailableError("stream ended without a finish reason", "openai", 0)
+
+
+def openai_request(model: str, request: ModelRequest) -> dict[str, Any]:
+    """The JSON body (as keyword arguments of ``chat.completions.create``) for ``request``."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": openai_messages(request.items),
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        # max_tokens, not max_completion_tokens: the compatible servers (vLLM, Ollama, LM Studio) know it.
+        "max_tokens": request.max_tokens,
+    }
+    if request.tools:
+        body["tools"] = openai_tools(request.tools)
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    body.update(request.extra)
+    return body
+
+
+def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    return [
+        {
+            "type": "function",
+            "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+        }
+        for t in tools
+    ]
+
+
+def openai_messages(items: Sequence[Item]) -> list[dict[str, Any]]:
+    """Seed 004 boundary for Chat Completions: system-like kinds → ``system``; tool results → one ``tool``
+    message per call; every ``tool_call_id`` answered before the next non-tool message; thinking dropped
+    (Chat Completions has no field for it)."""
+    messages: list[dict[str, Any]] = []
+    pending: list[str] = []  # call ids of the last assistant message still without a tool message
+
+    def answer_pending() -> None:
+        for call_id in pending:
+            messages.append({"role": "tool", "tool_call_id": call_id, "content": CANCELLED_RESULT})
+        pending.clear()
+
+    for item in prepare(items):
+        results = [b for b in item.blocks if isinstance(b, ToolResultBlock)]
+        for result in results:
+            if result.call_id in pending:
+                pending.remove(result.call_id)
+            messages.append({"role": "tool", "tool_call_id": result.call_id, "content": _result_text(result)})
+        rest = [b for b in item.blocks if not isinstance(b, ToolResultBlock)]
+        if not rest:
+            continue
+        if item.kind is ItemKind.TOOL:
+            continue  # a stray ErrorBlock without a call has nowhere to go in this wire format
+        answer_pending()
+        if item.kind in _SYSTEM_KINDS:
+            messages.append({"role": "system", "content": blocks_text(rest)})
+        elif item.kind is ItemKind.ASSISTANT:
+            messages.append(_assistant_message(rest))
+            pending.extend(b.call_id for b in rest if isinstance(b, ToolUseBlock))
+        else:
+            messages.append({"role": "user", "content": [_user_part(b) for b in rest]})
+    answer_pending()
+    return messages
+
+
+def _result_text(result: ToolResultBlock) -> str:
+    text = blocks_text(result.content)
+    return f"Error: {text}" if result.is_error and not text.startswith("Error") else text
+
+
+def _assistant_message(blocks: Sequence[BaseBlock]) -> dict[str, Any]:
+    text = "".join(b.text for b in blocks if isinstance(b, TextBlock))
+    calls = [
+        {
+            "id": b.call_id,
+            "type": "function",
+            "function": {"name": b.tool_name, "arguments": json.dumps(b.arguments)},
+        }
+        for b in blocks
+        if isinstance(b, ToolUseBlock)
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": text or None}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
+def _user_part(block: BaseBlock) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ImageBlock):
+        inline = media_base64(block)
+        url = f"data:{inline[1]};base64,{inline[0]}" if inline else block.url
+        if url:
+            return {"type": "image_url", "image_url": {"url": url}}
+    if isinstance(block, AudioBlock) and (inline := media_base64(block)):
+        return {
+            "type": "input_audio",
+            "input_audio": {"data": inline[0], "format": _AUDIO_FORMATS.get(inline[1], "wav")},
+        }
+    if isinstance(block, DocumentBlock):
+        inline = media_base64(block)
+        if inline:
+            file: dict[str, str] = {"file_data": f"data:{inline[1]};base64,{inline[0]}"}
+            if block.filename:
+                file["filename"] = block.filename
+            return {"type": "file", "file": file}
+        if block.file_id:
+            return {"type": "file", "file": {"file_id": block.file_id}}
+    return {"type": "text", "text": blocks_text([block])}
+
+
+def _chunk_events(chunk: Any) -> list[ModelEvent]:
+    events: list[ModelEvent] = []
+    for choice in chunk.choices[:1]:
+        delta = choice.delta
+        if delta is not None:
+            # vLLM/DeepSeek-style servers stream reasoning in an extra field the SDK keeps untyped.
+            extra = delta.model_extra or {}
+            reasoning = extra.get("reasoning_content") or extra.get("reasoning")
+            if isinstance(reasoning, str) and reasoning:
+                events.append(ReasoningDeltaEvent(text=reasoning))
+            if delta.content:
+                events.append(TextDeltaEvent(delta.content))
+            for tc in delta.tool_calls or ():
+                fn = tc.function
+                events.append(
+                    ToolCallDeltaEvent(
+                        index=tc.index,
+                        call_id=tc.id,
+                        name=fn.name if fn else None,
+                        arguments=(fn.arguments or "") if fn else "",
+                    )
+                )
+        if choice.finish_reason:
+            events.append(FinishEvent(FinishReason.from_provider("openai", choice.finish_reason)))
+    if chunk.usage is not None:
+        events.append(UsageEvent(_usage(chunk.usage)))
+    return events
+
+
+def _usage(u: Any) -> Usage:
+    prompt_details = getattr(u, "prompt_tokens_details", None)
+    completion_details = getattr(u, "completion_tokens_details", None)
+    metadata: dict[str, JsonValue] = {}
+    return Usage(
+        input_tokens=u.prompt_tokens or 0,
+        cached_tokens=(getattr(prompt_details, "cached_tokens", None) or 0) if prompt_details else 0,
+        output_tokens=u.completion_tokens or 0,
+        reasoning_tokens=(getattr(completion_details, "reasoning_tokens", None) or 0)
+        if completion_details
+        else 0,
+        metadata=metadata,
+    )
+
+
+def _map_error(exc: openai.APIError) -> ProviderError:
+    message = str(getattr(exc, "message", "") or exc)
+    if isinstance(exc, openai.APIStatusError):
+        status = exc.status_code
+        if isinstance(exc, openai.RateLimitError):
+            return RateLimitError(message, "openai", status, _retry_after(exc.response))
+        if isinstance(exc, openai.AuthenticationError | openai.PermissionDeniedError):
+            return AuthenticationError(message, "openai", status)
+        if status in (400, 413) and (
+            "context_length_exceeded" in str(exc.code) or "context length" in message
+        ):
+            return ContextTooLongError(message, "openai", status)
+        if status >= 500:
+            return ProviderUnavailableError(message, "openai", status)
+        return BadRequestError(message, "openai", status)
+    return ProviderUnavailableError(message, "openai", 0)  # connection / timeout / garbage
+
+
+def _retry_after(response: httpx2.Response) -> float | None:
+    for header in ("retry-after-ms", "retry-after"):
+        value = response.headers.get(header)
+        if value is None:
+            continue
+        try:
+            seconds = float(value)
+        except ValueError:
+            continue
+        return seconds / 1000 if header == "retry-after-ms" else seconds
+    return None
