@@ -176,9 +176,10 @@ def _check(subject: str, limit: int = MAX_SUBJECT_BYTES) -> str:
 #: Reply addresses live under the NATS inbox namespace (nats-py's and every official client's default), never
 #: under a Plexus prefix: a reply aimed at `px.<ns>.evlog.…` would write into another agent's EventLog.
 REPLY_PREFIX = "_INBOX."
-#: Our own reply subjects are ~60 bytes; anything near the 4096-byte protocol line would make nats-server
-#: close the replying worker's connection ("maximum control line exceeded").
-MAX_REPLY_BYTES = 256
+#: A reply subject carries the escaped message id (up to 256 characters, so up to ~3,100 bytes); one near
+#: the 4096-byte protocol line would make nats-server close the replying worker's connection ("maximum
+#: control line exceeded"), so the limit is the one every Plexus subject keeps.
+MAX_REPLY_BYTES = MAX_SUBJECT_BYTES
 _REPLY_RE = re.compile(r"_INBOX(?:\.[A-Za-z0-9_-]+)+")
 
 
