@@ -6,13 +6,15 @@ import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
+import msgspec
 import pytest
 import pytest_asyncio
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, BaseBlock, TextBlock
+from plexus.core import AgentId, BaseBlock, MessageId, ProtocolError, TextBlock
+from plexus.runtime._envelope import encode_envelope
 
-from .apps_misc import DEADLINE, Served, serving
+from .apps_misc import DEADLINE, Served, envelope, reply_error, serving
 
 PING: list[BaseBlock] = [TextBlock(text="ping")]
 
@@ -66,3 +68,42 @@ async def test_durable_types_still_load_their_checkpoint(served: Served) -> None
     finally:
         await sub.unsubscribe()
     assert any("plexus_checkpoints" in s for s in requests), requests
+
+
+@shared
+async def test_a_duplicate_send_gets_the_stored_reply_instead_of_waiting_for_its_deadline(
+    served: Served,
+) -> None:
+    """Issue 12 item 6: a `send_message` repeating a message id inside JetStream's dedupe window was dropped
+    by the server and its caller waited for the deadline (ReplyTimeoutError). It now gets the stored reply,
+    and the handler did not run twice (the counter agent counts its runs in durable state)."""
+    rt = served.rt
+    key = f"k-{uuid.uuid4().hex[:12]}"
+    message_id = str(MessageId.new())
+    first = await rt.send_message(PING, AgentId("counter", key), timeout=DEADLINE, message_id=message_id)
+    again = await rt.send_message(PING, AgentId("counter", key), timeout=5, message_id=message_id)
+    assert again == first == [TextBlock(text=f"{key}#1")]
+    assert await rt.send_message(PING, AgentId("counter", key), timeout=DEADLINE) == [
+        TextBlock(text=f"{key}#2")
+    ]
+
+
+@shared
+async def test_a_resend_the_agent_cannot_answer_is_a_typed_error_not_a_second_run(served: Served) -> None:
+    """A resend for a message the agent does not remember is refused with ProtocolError, never handled."""
+    rt = served.rt
+    key = f"k-{uuid.uuid4().hex[:12]}"
+    env = envelope(f"counter/{key}", reply_to=rt.nc.new_inbox())
+    env = msgspec.structs.replace(env, metadata={"plexus.resend": "1"})
+    assert env.reply_to is not None
+    sub = await rt.nc.subscribe(env.reply_to)
+    try:
+        headers = {"Nats-Msg-Id": f"{env.id}~resend~1", "Plexus-V": "1"}
+        await rt.js.publish(rt.subjects.inbox("counter", key), encode_envelope(env), headers=headers)
+        error = reply_error(await sub.next_msg(timeout=DEADLINE))
+    finally:
+        await sub.unsubscribe()
+    assert isinstance(error, ProtocolError)
+    assert await rt.send_message(PING, AgentId("counter", key), timeout=DEADLINE) == [
+        TextBlock(text=f"{key}#1")
+    ]

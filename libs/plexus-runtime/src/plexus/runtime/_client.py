@@ -46,6 +46,8 @@ from ._artifacts import ArtifactStore, check_payload_size, headers_size
 from ._cluster import OrchestratorClient
 from ._envelope import (
     HDR_MSG_ID,
+    RESEND,
+    RESEND_ID_SEP,
     Envelope,
     Reply,
     RunInfo,
@@ -316,12 +318,16 @@ class Runtime:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[env.id] = future
         try:
-            await self.js.publish(
+            ack = await self.js.publish(
                 subject,
                 data,
                 headers=headers,
                 timeout=remaining,
             )
+            if ack.duplicate:
+                # The same message id inside the dedupe window: the server dropped this copy, so nobody would
+                # answer it. Ask the agent for the stored reply instead (the handler never runs twice).
+                await self._resend(subject, env, headers, max(deadline - time.monotonic(), 0.001))
             remaining = max(deadline - time.monotonic(), 0.001)
             try:
                 reply = await asyncio.wait_for(future, remaining)
@@ -330,6 +336,13 @@ class Runtime:
         finally:
             self._pending.pop(env.id, None)
         return self._unwrap(reply)
+
+    async def _resend(self, subject: str, env: Envelope, headers: dict[str, str], timeout: float) -> None:
+        """Publish a copy of `env` marked as a resend under a fresh `Nats-Msg-Id`: it queues behind the
+        original in the agent's FIFO and is answered from the checkpoint, never handled a second time."""
+        resend = msgspec.structs.replace(env, metadata={**env.metadata, RESEND: "1"})
+        fresh = {**headers, HDR_MSG_ID: f"{env.id}{RESEND_ID_SEP}{time.time_ns()}"}
+        await self.js.publish(subject, encode_envelope(resend), headers=fresh, timeout=timeout)
 
     def _unwrap(self, reply: Reply) -> list[BaseBlock]:
         if not reply.ok:

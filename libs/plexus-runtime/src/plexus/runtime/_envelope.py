@@ -23,6 +23,8 @@ from plexus.core._content import BaseBlock, content_blocks_from_json, content_bl
 __all__ = [
     "HDR_MSG_ID",
     "HDR_VERSION",
+    "RESEND",
+    "RESEND_ID_SEP",
     "TRACE_HEADERS",
     "WIRE_VERSION",
     "Envelope",
@@ -46,6 +48,11 @@ WIRE_VERSION = 1
 
 HDR_VERSION = "Plexus-V"
 HDR_MSG_ID = "Nats-Msg-Id"
+#: Metadata flag of a resend: a copy of an envelope whose first copy JetStream de-duplicated; the worker
+#: answers it from the checkpoint and never runs the handler for it. Its `Nats-Msg-Id` is the envelope id,
+#: `RESEND_ID_SEP` and a suffix.
+RESEND = "plexus.resend"
+RESEND_ID_SEP = "~resend~"
 #: W3C trace context (and baggage) headers, copied from an incoming message to the messages it causes.
 TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
 
@@ -258,9 +265,14 @@ def decode_envelope(data: bytes | bytearray | memoryview, headers: Mapping[str, 
         )
     env = decode_envelope_body(data)
     msg_id = headers.get(HDR_MSG_ID)
-    if msg_id is not None and msg_id != env.id:
+    if msg_id is not None and msg_id != env.id and not _is_resend_of(msg_id, env):
         raise WireError("header", f"{HDR_MSG_ID} {msg_id!r} differs from the envelope id {env.id!r}")
     return env
+
+
+def _is_resend_of(msg_id: str, env: Envelope) -> bool:
+    # A resend carries its own de-duplication id (the original's is taken) and says so in its metadata.
+    return env.metadata.get(RESEND) == "1" and msg_id.startswith(env.id + RESEND_ID_SEP)
 
 
 def decode_reply(data: bytes | bytearray | memoryview) -> Reply:

@@ -25,6 +25,7 @@ from plexus.core import (
     ConcurrentAppendError,
     HandlerError,
     KernelError,
+    ProtocolError,
     ReplyMessage,
     RunMessageReceived,
 )
@@ -39,6 +40,7 @@ from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from ._context import Context
 from ._control import RetryInterceptor, RunControlInterceptor, _cancel_hard
 from ._envelope import (
+    RESEND,
     Envelope,
     Reply,
     decode_reply,
@@ -387,6 +389,16 @@ class Worker:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
         activation = await self._activations.activate(agent_id, agent_type)
         seen, stored_reply = activation.reply_for(env.id)
+        if not seen and env.metadata.get(RESEND) == "1":
+            # A resend of a message this agent no longer remembers (or never got): answering by running the
+            # handler could run it twice, so the caller gets a typed error instead.
+            error = ProtocolError(f"message {env.id} was handled but its reply is no longer kept")
+            if work.reply_to:
+                await self._publish_reply(
+                    work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
+                )
+            await self._ack(work)
+            return
         if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
             reported = True
             if stored_reply is not None:
