@@ -1,0 +1,211 @@
+"""``/v1`` agents, workers, messages and runs (the run tree's SSE stream included)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgspec
+from fastapi import APIRouter, Body, Depends, Header, Path, Query
+from sse_starlette import EventSourceResponse
+
+from plexus.core import AgentId, BaseBlock, content_block_to_dict
+
+from ._events import tree_events
+from ._models import AgentTypeOut, MessageIn, MessageOut, RunCreated, RunsPage, StartRun, WorkerOut
+from ._problems import Problem
+from ._runs import RunFilter, budget_view
+from ._state import GatewayState, authorize, state
+
+__all__ = ["router", "sse_response", "tree_root"]
+
+router = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
+
+Gw = Annotated[GatewayState, Depends(state)]
+RunIdPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_\-.:]+$")]
+NamePath = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")]
+KeyPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_\-.:]+$")]
+SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+
+
+def _blocks(blocks: list[BaseBlock]) -> list[dict[str, Any]]:
+    return [content_block_to_dict(b) for b in blocks]
+
+
+# -- agents and workers ----------------------------------------------------------------------------------
+@router.get(
+    "/agents", response_model=list[AgentTypeOut], summary="agent types and the live workers hosting them"
+)
+async def list_agents(
+    gw: Gw, namespace: Annotated[str | None, Query(max_length=128)] = None
+) -> list[AgentTypeOut]:
+    types = await gw.rt.agent_types(namespace)
+    workers = await gw.rt.registry.live_workers()
+    return [
+        AgentTypeOut(
+            namespace=t.namespace,
+            type=t.type,
+            description=t.description,
+            capabilities=list(t.capabilities),
+            workers=sorted(w.worker_id for w in workers if w.hosts(t.ref)),
+        )
+        for t in sorted(types, key=lambda t: t.ref)
+    ]
+
+
+@router.get("/workers", response_model=list[WorkerOut], summary="live workers (by heartbeat)")
+async def list_workers(gw: Gw) -> list[WorkerOut]:
+    workers = await gw.rt.registry.live_workers()
+    return [
+        WorkerOut(worker_id=w.worker_id, types=list(w.types), detail=msgspec.to_builtins(w))
+        for w in sorted(workers, key=lambda w: w.worker_id)
+    ]
+
+
+@router.post(
+    "/agents/{agent_type}/{key}/messages",
+    response_model=MessageOut,
+    summary="RPC: send input blocks to one agent and wait for its reply",
+)
+async def send_message(gw: Gw, agent_type: NamePath, key: KeyPath, body: MessageIn) -> MessageOut:
+    agent_id = _agent_id(agent_type, key, gw.rt.namespace)
+    reply = await gw.rt.send_message(list(body.input), agent_id, timeout=body.timeout_s)
+    return MessageOut(agent_id=str(agent_id), output=_blocks(reply))
+
+
+def _agent_id(agent_type: str, key: str, namespace: str) -> AgentId:
+    try:
+        return AgentId(agent_type, key, namespace)
+    except ValueError as exc:
+        raise Problem(422, "Invalid agent id", str(exc)) from None
+
+
+# -- runs ------------------------------------------------------------------------------------------------
+@router.post("/runs", response_model=RunCreated, status_code=201, summary="start a run tree")
+async def start_run(gw: Gw, body: StartRun) -> RunCreated:
+    run_id = await gw.rt.start_run(
+        AgentId.parse(body.agent_id),
+        list(body.input),
+        budget=body.budget,
+        spawn_budget=body.spawn_budget,
+        priority=body.priority,
+        run_id=body.run_id,
+    )
+    return RunCreated(run_id=run_id, events=f"/v1/runs/{run_id}/events")
+
+
+def _cursor(text: str | None) -> tuple[float, str] | None:
+    if text is None:
+        return None
+    created, sep, run_id = text.partition("~")
+    try:
+        value = float(created)
+    except ValueError:
+        value = float("nan")
+    if not sep or not run_id or value != value:
+        raise Problem(422, "Invalid cursor", "pass back the next_cursor of the previous page unchanged")
+    return value, run_id
+
+
+@router.get("/runs", response_model=RunsPage, summary="runs, newest first, filtered and paginated")
+async def list_runs(
+    gw: Gw,
+    status: Annotated[
+        list[str] | None,
+        Query(description="any of pending, running, suspended, completed, failed, cancelled"),
+    ] = None,
+    agent_type: Annotated[str | None, Query(max_length=128)] = None,
+    since: Annotated[float | None, Query(ge=0, le=1e11, description="epoch seconds")] = None,
+    roots_only: bool = False,
+    session_id: Annotated[str | None, Query(max_length=128)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 50,
+    cursor: Annotated[str | None, Query(max_length=300)] = None,
+) -> RunsPage:
+    statuses = frozenset(s for item in status or [] for s in item.split(",") if s)
+    unknown = statuses - {"pending", "running", "suspended", "completed", "failed", "cancelled"}
+    if unknown:
+        raise Problem(422, "Invalid status filter", f"unknown status {sorted(unknown)}")
+    flt = RunFilter(statuses, agent_type, since, roots_only, session_id)
+    page, nxt = await gw.runs.page(flt, min(limit, gw.config.max_page), _cursor(cursor))
+    return RunsPage(runs=page, next_cursor=f"{nxt[0]!r}~{nxt[1]}" if nxt else None)
+
+
+async def _record(gw: GatewayState, run_id: str) -> dict[str, Any]:
+    record = await gw.runs.record(run_id)
+    if record is None:
+        raise Problem(
+            404,
+            "RunNotFoundError",
+            f"unknown run {run_id!r}",
+            error_type="RunNotFoundError",
+            fields={"run_id": run_id},
+        )
+    return record
+
+
+async def tree_root(gw: GatewayState, run_id: str) -> dict[str, Any]:
+    record = await _record(gw, run_id)
+    if record.get("root_id") and record["root_id"] != record["run_id"]:
+        return await _record(gw, str(record["root_id"]))
+    return record
+
+
+@router.get("/runs/{run_id}", summary="one run: its record and its tree's usage against the budget")
+async def get_run(gw: Gw, run_id: RunIdPath) -> dict[str, Any]:
+    record = await _record(gw, run_id)
+    root = await tree_root(gw, run_id)
+    usage = await gw.runs.usage(root)
+    return {"run": record, "usage": usage, "budget": budget_view(root, usage)}
+
+
+@router.get("/runs/{run_id}/tree", summary="every run of the tree (root first)")
+async def get_tree(gw: Gw, run_id: RunIdPath) -> dict[str, Any]:
+    root = await tree_root(gw, run_id)
+    runs = await gw.runs.tree(root)
+    usage = await gw.runs.usage(root)
+    return {"root_id": root["run_id"], "runs": runs, "usage": usage, "budget": budget_view(root, usage)}
+
+
+@router.post("/runs/{run_id}/cancel", summary="cancel the whole run tree")
+async def cancel_run(
+    gw: Gw,
+    run_id: RunIdPath,
+    reason: Annotated[str, Body(embed=True, min_length=1, max_length=500)] = "cancelled from the gateway",
+) -> dict[str, Any]:
+    root = await tree_root(gw, run_id)
+    record = await gw.rt.cancel_run(str(root["run_id"]), reason)
+    return {"run": msgspec.to_builtins(record)}
+
+
+def _last_event_id(header: str | None, query: str | None) -> int | None:
+    raw = header if header is not None else query
+    if raw is None or raw == "":
+        return None
+    if not raw.isdigit() or len(raw) > 19:
+        raise Problem(
+            422, "Invalid Last-Event-ID", "an event id is the decimal id of an event of this stream"
+        )
+    return int(raw)
+
+
+def sse_response(gw: GatewayState, root: dict[str, Any], last_event_id: int | None) -> EventSourceResponse:
+    # A viewer going away only stops this generator; the run is never touched.
+    return EventSourceResponse(
+        tree_events(gw.rt, root, last_event_id),
+        ping=gw.config.heartbeat_s,
+        headers=SSE_HEADERS,
+    )
+
+
+@router.get(
+    "/runs/{run_id}/events",
+    summary="SSE of the whole tree: snapshot, then live events; resumable with Last-Event-ID",
+    response_class=EventSourceResponse,
+)
+async def run_events(
+    gw: Gw,
+    run_id: RunIdPath,
+    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
+    from_id: Annotated[str | None, Query(alias="last_event_id", max_length=32)] = None,
+) -> EventSourceResponse:
+    root = await tree_root(gw, run_id)
+    return sse_response(gw, root, _last_event_id(last_event_id, from_id))

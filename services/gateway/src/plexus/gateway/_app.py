@@ -1,0 +1,66 @@
+"""`create_app`: the FastAPI application of the gateway over a connected `Runtime`."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from importlib import resources
+
+from fastapi import FastAPI
+from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.staticfiles import StaticFiles
+
+from plexus.runtime import Runtime
+
+from . import _api_runs, _api_sessions
+from ._config import GatewayConfig
+from ._limits import BodyLimit
+from ._problems import install_problem_handlers
+from ._runs import RunsView
+from ._sessions import SessionStore
+from ._state import GatewayState
+
+__all__ = ["create_app"]
+
+STATIC = resources.files("plexus.gateway") / "static"
+
+
+def create_app(runtime: Runtime, config: GatewayConfig | None = None) -> FastAPI:
+    """The gateway's ASGI app. The caller owns ``runtime`` (connects it before, closes it after)."""
+    gw = GatewayState(rt=runtime, config=config or GatewayConfig(), runs=RunsView(runtime))
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        gw.sessions = await SessionStore.open(runtime.js)
+        try:
+            yield
+        finally:
+            for task in list(gw.tasks):
+                task.cancel()
+            for task in list(gw.tasks):
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+
+    app = FastAPI(
+        title="Plexus gateway",
+        version="1",
+        summary="HTTP + SSE interface of a Plexus cluster: agents, runs, run-tree events, sessions.",
+        lifespan=lifespan,
+    )
+    app.state.gw = gw
+    install_problem_handlers(app)
+    app.include_router(_api_runs.router)
+    app.include_router(_api_sessions.router)
+    app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)
+    app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
+
+    @app.get("/", include_in_schema=False, response_class=HTMLResponse)
+    async def dashboard() -> FileResponse:
+        return FileResponse(str(STATIC / "index.html"), media_type="text/html")
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, bool]:
+        return {"ok": runtime.nc.is_connected}
+
+    return app

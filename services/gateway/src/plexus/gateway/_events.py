@@ -1,0 +1,114 @@
+"""The SSE stream of one run tree: a snapshot, then every progress event of the tree, then ``[DONE]``.
+
+Every event's ``id`` is the JetStream sequence of the progress message it carries (the snapshot's is 0),
+so a reconnect with ``Last-Event-ID: n`` resumes at sequence n+1 of the same durable stream: nothing lost,
+nothing repeated, whichever gateway replica answers. Events of the orchestrator (``orchestrator/<run>``)
+are run status changes (``status``); an agent's own steps are ``progress``, its tool calls ``tool_call``.
+Each event carries the tree's usage totals so budget gauges move as tokens are spent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from nats.js import api as js_api
+
+from plexus.runtime import Runtime
+
+from ._runs import TERMINAL, RunsView, budget_view
+
+__all__ = ["ORCHESTRATOR_PREFIX", "event_name", "tree_events"]
+
+ORCHESTRATOR_PREFIX = "orchestrator/"
+
+
+def event_name(progress: dict[str, Any]) -> str:
+    if str(progress.get("agent_id", "")).startswith(ORCHESTRATOR_PREFIX):
+        return "status"
+    step = progress.get("step")
+    if step in ("tool_call", "tool_result"):
+        return "tool_call"
+    return "progress"
+
+
+def _sse(event_id: int, name: str, data: Any) -> dict[str, str]:
+    return {"id": str(event_id), "event": name, "data": json.dumps(data, separators=(",", ":"))}
+
+
+async def tree_events(
+    rt: Runtime, root: dict[str, Any], last_event_id: int | None, poll_s: float = 1.0
+) -> AsyncIterator[dict[str, str]]:
+    """Yield sse-starlette event dicts for the tree rooted at ``root`` until the root has ended."""
+    view = RunsView(rt)
+    root_id = str(root["run_id"])
+    subject = rt.subjects.progress_tree(root_id)
+    stream = rt.topology.names.progress_stream
+    if last_event_id is None:
+        runs = await view.tree(root)
+        usage = await view.usage(root)
+        yield _sse(
+            0,
+            "snapshot",
+            {"root_id": root_id, "runs": runs, "usage": usage, "budget": budget_view(root, usage)},
+        )
+        config = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.ALL)
+    else:
+        config = js_api.ConsumerConfig(
+            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=last_event_id + 1
+        )
+    last = last_event_id or 0
+    sub = await rt.js.subscribe(subject, ordered_consumer=True, stream=stream, config=config)
+    try:
+        pending = await _pending(rt, stream, subject, last)
+        while True:
+            if pending == 0:
+                root = await view.record(root_id) or root
+                if root.get("status") in TERMINAL:
+                    yield {"id": str(last), "data": "[DONE]"}
+                    return
+            try:
+                msg = await sub.next_msg(timeout=poll_s)
+            except TimeoutError:
+                # No event for a while: look at the root's record in case its end was announced elsewhere.
+                pending = 0
+                continue
+            meta = msg.metadata
+            last = meta.sequence.stream
+            pending = meta.num_pending
+            try:
+                progress = json.loads(msg.data)
+            except ValueError:
+                continue  # not ours to show; the id still advances with the next event
+            if not isinstance(progress, dict):
+                continue
+            name = event_name(progress)
+            data: dict[str, Any] = {"progress": progress}
+            if name == "status":
+                run_id = str(progress.get("run_id", ""))
+                record = await view.record(run_id)
+                if record is not None:
+                    data["run"] = record
+                if run_id == root_id and record is not None:
+                    root = record
+            usage = await view.usage(root)
+            data["usage"] = usage
+            data["budget"] = budget_view(root, usage)
+            yield _sse(last, name, data)
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+
+
+async def _pending(rt: Runtime, stream: str, subject: str, after: int) -> int:
+    """How many messages of ``subject`` lie after sequence ``after`` (0 when none: the replay is done)."""
+    try:
+        info = await rt.js.stream_info(stream, subjects_filter=subject)
+    except Exception:
+        return 1
+    state = info.state
+    if not state.subjects:
+        return 0
+    return 1 if state.last_seq > after else 0

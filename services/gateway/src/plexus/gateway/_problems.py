@@ -1,0 +1,119 @@
+"""Problem details (RFC 9457): every failure leaves the gateway as ``application/problem+json``.
+
+Kernel errors keep their type and fields (``error_type``, ``fields``) so a client can rebuild the same
+`KernelError` with `KernelError.from_wire`; validation failures list what was wrong and where.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from plexus.core import KernelError
+
+__all__ = ["PROBLEM_JSON", "Problem", "install_problem_handlers", "kernel_status", "problem_response"]
+
+log = logging.getLogger("plexus.gateway")
+
+PROBLEM_JSON = "application/problem+json"
+
+#: HTTP status of a kernel error by its ``error_type``; anything else is the agent's failure (502).
+_KERNEL_STATUS: dict[str, int] = {
+    "AgentNotFoundError": 404,
+    "RunNotFoundError": 404,
+    "InvalidRunRequest": 422,
+    "ProtocolError": 422,
+    "PayloadTooLargeError": 413,
+    "SubjectTooLongError": 422,
+    "RunStateError": 409,
+    "CancellationError": 409,
+    "BudgetExhaustedError": 409,
+    "SpawnDenied": 409,
+    "ReplyTimeoutError": 504,
+}
+
+
+def kernel_status(error_type: str) -> int:
+    return _KERNEL_STATUS.get(error_type, 502)
+
+
+class Problem(Exception):
+    """Raise to answer with a problem-details body."""
+
+    def __init__(self, status: int, title: str, detail: str = "", **extra: Any) -> None:
+        super().__init__(detail or title)
+        self.status = status
+        self.title = title
+        self.detail = detail
+        self.extra = extra
+
+
+def problem_response(
+    status: int, title: str, detail: str = "", headers: dict[str, str] | None = None, **extra: Any
+) -> JSONResponse:
+    body: dict[str, Any] = {"type": "about:blank", "title": title, "status": status}
+    if detail:
+        body["detail"] = detail
+    body.update(extra)
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any]]:
+    # Only location, message and type: echoing the offending input back could be large or sensitive.
+    return [
+        {
+            "loc": [str(p) for p in e.get("loc", ())],
+            "msg": str(e.get("msg", "")),
+            "type": str(e.get("type", "")),
+        }
+        for e in exc.errors()
+    ]
+
+
+def install_problem_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Problem)
+    async def _problem(_request: Request, exc: Problem) -> JSONResponse:
+        extra = dict(exc.extra)
+        challenge = extra.pop("headers_www", None)
+        headers = {"WWW-Authenticate": str(challenge)} if challenge else None
+        return problem_response(exc.status, exc.title, exc.detail, headers=headers, **extra)
+
+    @app.exception_handler(KernelError)
+    async def _kernel(_request: Request, exc: KernelError) -> JSONResponse:
+        wire = exc.to_wire()
+        return problem_response(
+            kernel_status(exc.error_type),
+            exc.error_type,
+            str(exc),
+            error_type=exc.error_type,
+            fields=wire.get("fields", {}),
+        )
+
+    @app.exception_handler(RequestValidationError)
+    async def _request_invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return problem_response(
+            422, "Invalid request", "the request does not match the schema", errors=_errors(exc)
+        )
+
+    @app.exception_handler(ValidationError)
+    async def _invalid(_request: Request, exc: ValidationError) -> JSONResponse:
+        return problem_response(
+            422, "Invalid request", "the request does not match the schema", errors=_errors(exc)
+        )
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers) if exc.headers else None
+        return problem_response(exc.status_code, str(exc.detail), headers=headers)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
+        # NATS unreachable and the like: the gateway is up but cannot serve this now.
+        log.exception("unexpected error: %s", exc)
+        return problem_response(503, "Service unavailable", f"{type(exc).__name__}: {exc}")

@@ -1,0 +1,66 @@
+"""The run tree in a terminal: a plain-text tree with budget bars, redrawn as SSE-equivalent events arrive."""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+from plexus.runtime import Runtime
+
+from ._events import tree_events
+from ._runs import budget_view
+
+__all__ = ["render_tree", "watch_tree"]
+
+
+def _bar(used: float, limit: float | None, width: int = 20) -> str:
+    if not limit:
+        return f"{used:g} (no limit)"
+    filled = min(width, int(width * used / limit))
+    return f"[{'#' * filled}{'.' * (width - filled)}] {used:g}/{limit:g}"
+
+
+def render_tree(runs: list[dict[str, Any]], usage: dict[str, int], root: dict[str, Any]) -> str:
+    by_id = {r["run_id"]: r for r in runs}
+    lines: list[str] = []
+
+    def walk(run_id: str, depth: int) -> None:
+        r = by_id.get(run_id)
+        if r is None:
+            return
+        tokens = (r.get("usage") or {}).get("tokens", 0)
+        reason = f" ({r['reason']})" if r.get("reason") else ""
+        lines.append(f"{'  ' * depth}{r['agent_id']}  {r.get('status', 'pending')}{reason}  tokens={tokens}")
+        for child in r.get("children", []):
+            walk(child, depth + 1)
+
+    walk(str(root["run_id"]), 0)
+    budget = budget_view(root, usage)
+    lines.append(f"tokens {_bar(budget['tokens']['used'], budget['tokens']['limit'])}")
+    lines.append(f"turns  {_bar(budget['turns']['used'], budget['turns']['limit'])}")
+    return "\n".join(lines)
+
+
+async def watch_tree(rt: Runtime, root: dict[str, Any], *, as_json: bool) -> int:
+    """Print every event (``--json``: one JSON object per line) until the root ends; exit 0 when it
+    completed, 1 otherwise."""
+    runs: dict[str, dict[str, Any]] = {}
+    usage: dict[str, int] = {}
+    async for event in tree_events(rt, root, None):
+        if event.get("data") == "[DONE]":
+            break
+        data = json.loads(event["data"])
+        if as_json:
+            print(json.dumps({"id": event["id"], "event": event["event"], "data": data}), flush=True)
+        if event["event"] == "snapshot":
+            runs = {r["run_id"]: r for r in data["runs"]}
+        elif "run" in data:
+            runs[data["run"]["run_id"]] = data["run"]
+            root = runs.get(str(root["run_id"]), root)
+        usage = data.get("usage", usage)
+        if not as_json:
+            sys.stdout.write("\x1b[2J\x1b[H" + render_tree(list(runs.values()), usage, root) + "\n")
+            sys.stdout.flush()
+    final = runs.get(str(root["run_id"]), root)
+    return 0 if final.get("status") == "completed" else 1

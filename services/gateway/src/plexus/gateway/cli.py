@@ -1,0 +1,196 @@
+"""``plexus gateway`` and ``plexus runs`` (registered through the ``plexus.commands`` entry-point group)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from plexus.runtime import Runtime
+
+from ._config import GatewayConfig, hash_token
+from ._runs import RunFilter, RunsView
+from ._server import Gateway
+from ._terminal import render_tree, watch_tree
+
+__all__ = ["register_gateway", "register_runs"]
+
+
+def _nats_url(value: str) -> str:
+    if not value.startswith(("nats://", "tls://", "ws://", "wss://")):
+        raise argparse.ArgumentTypeError(f"expected a nats:// URL, got {value!r}")
+    return value
+
+
+def _positive_int(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return number
+
+
+def _nats_arg(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nats",
+        type=_nats_url,
+        action="append",
+        default=None,
+        help="server URL (repeat for a cluster); default $PLEXUS_NATS or nats://127.0.0.1:4222",
+    )
+
+
+def _urls(args: argparse.Namespace) -> list[str]:
+    return list(args.nats or [os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")])
+
+
+# -- plexus gateway ---------------------------------------------------------------------------------------
+def register_gateway(sub: Any) -> None:
+    parser = sub.add_parser("gateway", help="serve the HTTP + SSE API and the dashboard")
+    _nats_arg(parser)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument(
+        "--token-hash",
+        action="append",
+        default=None,
+        help="an accepted bearer token as sha256:<hex> (repeatable; also $PLEXUS_GATEWAY_TOKEN_HASHES, comma-"
+        "separated). `plexus gateway --hash-token TOKEN` prints the hash of a token.",
+    )
+    parser.add_argument("--hash-token", default=None, help="print the at-rest hash of TOKEN and exit")
+    parser.add_argument(
+        "--dev", action="store_true", help="no authentication (loudly announced; local use only)"
+    )
+    parser.add_argument("--max-body", type=_positive_int, default=1 << 20, help="request body limit in bytes")
+    parser.add_argument("--heartbeat", type=float, default=15.0, help="SSE heartbeat comment period, seconds")
+    parser.set_defaults(handler=_run_gateway)
+
+
+def _run_gateway(args: argparse.Namespace) -> int:
+    if args.hash_token is not None:
+        print(hash_token(args.hash_token))
+        return 0
+    hashes = list(args.token_hash or [])
+    hashes += [h for h in os.environ.get("PLEXUS_GATEWAY_TOKEN_HASHES", "").split(",") if h]
+    try:
+        config = GatewayConfig(
+            token_hashes=frozenset(hashes),
+            dev=args.dev,
+            max_body_bytes=args.max_body,
+            heartbeat_s=args.heartbeat,
+        )
+    except ValueError as exc:
+        print(f"plexus gateway: error: {exc}", file=sys.stderr)
+        return 2
+    if not config.dev and not config.token_hashes:
+        print(
+            "plexus gateway: error: no --token-hash given; pass one (see --hash-token) or --dev for an open"
+            " local gateway",
+            file=sys.stderr,
+        )
+        return 2
+    return asyncio.run(_serve_gateway(_urls(args), config, args.host, args.port))
+
+
+async def _serve_gateway(urls: list[str], config: GatewayConfig, host: str, port: int) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    rt = await Runtime.connect(urls, name="plexus-gateway")
+    gateway = Gateway(rt, config, host=host, port=port)
+    await gateway.start()
+    if config.dev:
+        print(
+            "plexus gateway: WARNING: --dev: authentication is OFF; anyone who can reach"
+            f" {gateway.url} can start and cancel runs",
+            file=sys.stderr,
+            flush=True,
+        )
+    print(
+        f"plexus gateway serving {gateway.url} (dashboard at {gateway.url}/) on {', '.join(urls)}", flush=True
+    )
+    waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(rt.connection_closed.wait())}
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waits:
+            waiter.cancel()
+    await gateway.stop()
+    closed = rt.connection_closed.is_set() and not stop.is_set()
+    await rt.close()
+    if closed:
+        print("plexus gateway: error: the NATS connection was closed for good", file=sys.stderr, flush=True)
+        return 1
+    return 0
+
+
+# -- plexus runs ------------------------------------------------------------------------------------------
+def register_runs(sub: Any) -> None:
+    parser = sub.add_parser("runs", help="list, show, watch and cancel run trees")
+    verbs = parser.add_subparsers(dest="runs_command", required=True)
+    ls = verbs.add_parser("ls", help="runs, newest first")
+    ls.add_argument("--status", action="append", default=None)
+    ls.add_argument("--agent-type", default=None)
+    ls.add_argument("--all", action="store_true", help="children too, not only roots")
+    ls.add_argument("--limit", type=_positive_int, default=20)
+    show = verbs.add_parser("show", help="one run tree")
+    show.add_argument("run_id")
+    watch = verbs.add_parser("watch", help="follow a run tree live until it ends")
+    watch.add_argument("run_id")
+    cancel = verbs.add_parser("cancel", help="cancel a run tree")
+    cancel.add_argument("run_id")
+    cancel.add_argument("--reason", default="cancelled from the command line")
+    for verb in (ls, show, watch, cancel):
+        _nats_arg(verb)
+        verb.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=_run_runs)
+
+
+def _run_runs(args: argparse.Namespace) -> int:
+    return asyncio.run(_runs(args))
+
+
+async def _runs(args: argparse.Namespace) -> int:
+    rt = await Runtime.connect(_urls(args), name="plexus-runs")
+    try:
+        view = RunsView(rt)
+        if args.runs_command == "ls":
+            flt = RunFilter(frozenset(args.status or []), args.agent_type, None, not args.all)
+            page, _ = await view.page(flt, args.limit, None)
+            if args.json:
+                print(json.dumps(page))
+            for r in [] if args.json else page:
+                print(f"{r['run_id']}  {r.get('status', 'pending'):<10} {r['agent_id']}")
+            return 0
+        record = await view.record(args.run_id)
+        if record is None:
+            print(f"plexus runs: error: unknown run {args.run_id!r}", file=sys.stderr)
+            return 1
+        if args.runs_command == "cancel":
+            ended = await rt.cancel_run(str(record.get("root_id") or record["run_id"]), args.reason)
+            print(
+                json.dumps({"run_id": ended.run_id, "status": str(ended.status)})
+                if args.json
+                else ended.status
+            )
+            return 0
+        if record.get("root_id") and record["root_id"] != record["run_id"]:
+            record = await view.record(str(record["root_id"])) or record
+        if args.runs_command == "show":
+            runs = await view.tree(record)
+            usage = await view.usage(record)
+            if args.json:
+                print(json.dumps({"root_id": record["run_id"], "runs": runs, "usage": usage}))
+            else:
+                print(render_tree(runs, usage, record))
+            return 0
+        return await watch_tree(rt, record, as_json=args.json)
+    finally:
+        await rt.close()

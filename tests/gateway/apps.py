@@ -1,0 +1,75 @@
+"""Agents behind the gateway tests: a root that fans out to leaves that spend tokens step by step."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from plexus.core import AgentId, BaseBlock, KernelError, TextBlock
+from plexus.runtime import Agent, App, Context
+
+app = App()
+
+
+def _text(blocks: list[BaseBlock]) -> str:
+    return "".join(getattr(b, "text", "") for b in blocks)
+
+
+def _cmd(blocks: list[BaseBlock]) -> dict[str, object]:
+    try:
+        loaded = json.loads(_text(blocks) or "{}")
+    except ValueError:
+        return {}
+    return loaded if isinstance(loaded, dict) else {}
+
+
+@app.agent("echo", description="replies with its input", capabilities=["chat"])
+class Echo(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        await ctx.emit_progress("thinking", [TextBlock(text="echoing")])
+        turns = int(self.state.get("turns", 0)) + 1
+        self.state["turns"] = turns
+        return [TextBlock(text=f"echo #{turns}: {_text(blocks)}")]
+
+
+@app.agent("fanout", description="spawns `children` leaves and gathers their replies")
+class Fanout(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        cmd = _cmd(blocks)
+        children = int(str(cmd.get("children", 2)))
+        leaf = json.dumps(cmd.get("leaf", {}))
+        await ctx.emit_progress("started", [TextBlock(text=f"fanning out to {children}")])
+
+        async def one(i: int) -> str:
+            try:
+                reply = await ctx.spawn(
+                    AgentId("leaf", f"{ctx.agent_id.key}-{i}"), [TextBlock(text=leaf)], timeout=120
+                )
+                return _text(reply)
+            except KernelError as exc:
+                return f"error:{exc.error_type}"
+
+        results = await asyncio.gather(*(one(i) for i in range(children)))
+        return [TextBlock(text=json.dumps(results))]
+
+
+@app.agent("leaf", description="spends tokens step by step")
+class Leaf(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        cmd = _cmd(blocks)
+        steps = int(str(cmd.get("steps", 1)))
+        tokens = int(str(cmd.get("tokens", 0)))
+        sleep = float(str(cmd.get("sleep", 0.0)))
+        for step in range(steps):
+            if tokens:
+                await ctx.usage(tokens=tokens)
+            await ctx.emit_progress("thinking", [TextBlock(text=f"step {step + 1}")])
+            if sleep:
+                await asyncio.sleep(sleep)
+        return [TextBlock(text=f"{ctx.agent_id.key} did {steps}")]
+
+
+@app.agent("failing", description="always fails")
+class Failing(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        raise ValueError("nope")

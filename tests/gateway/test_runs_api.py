@@ -1,0 +1,195 @@
+"""`/v1` runs, agents and messages over real HTTP against a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from .conftest import Stack, read_sse
+
+
+def text(value: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": value}]
+
+
+async def test_openapi_lists_the_v1_routes(gw: Stack) -> None:
+    spec = (await gw.client.get("/openapi.json")).json()
+    for path in (
+        "/v1/agents",
+        "/v1/runs",
+        "/v1/runs/{run_id}",
+        "/v1/runs/{run_id}/tree",
+        "/v1/runs/{run_id}/events",
+        "/v1/runs/{run_id}/cancel",
+        "/v1/sessions",
+        "/v1/agents/{agent_type}/{key}/messages",
+    ):
+        assert path in spec["paths"], path
+
+
+async def test_agents_lists_registered_types_with_their_live_workers(gw: Stack) -> None:
+    response = await gw.client.get("/v1/agents")
+    assert response.status_code == 200
+    by_type = {a["type"]: a for a in response.json()}
+    assert {"echo", "fanout", "leaf", "failing"} <= set(by_type)
+    assert by_type["echo"]["capabilities"] == ["chat"]
+    assert by_type["echo"]["workers"], "the worker hosting echo is listed"
+    workers = (await gw.client.get("/v1/workers")).json()
+    assert any("default/echo" in w["types"] for w in workers)
+
+
+async def test_message_rpc_returns_the_reply(gw: Stack) -> None:
+    response = await gw.client.post("/v1/agents/echo/k1/messages", json={"input": text("hi")})
+    assert response.status_code == 200, response.text
+    assert response.json()["output"][0]["text"] == "echo #1: hi"
+
+
+async def test_message_rpc_failure_is_problem_json_with_the_kernel_error(gw: Stack) -> None:
+    response = await gw.client.post(
+        "/v1/agents/failing/k1/messages", json={"input": text("x"), "timeout_s": 10}
+    )
+    assert response.status_code == 502
+    assert response.headers["content-type"] == "application/problem+json"
+    body = response.json()
+    assert body["error_type"] == "HandlerError"
+    assert body["status"] == 502
+
+
+async def test_message_to_an_unhosted_type_is_404(gw: Stack) -> None:
+    response = await gw.client.post(
+        "/v1/agents/nobody/k1/messages", json={"input": text("x"), "timeout_s": 0.5}
+    )
+    assert response.status_code == 404
+    assert response.json()["error_type"] == "AgentNotFoundError"
+
+
+async def test_run_lifecycle_start_get_tree_list(gw: Stack) -> None:
+    cmd = json.dumps({"children": 2, "leaf": {"steps": 2, "tokens": 5}})
+    response = await gw.client.post(
+        "/v1/runs", json={"agent_id": "fanout/r1", "input": text(cmd), "budget": {"max_tokens": 1000}}
+    )
+    assert response.status_code == 201, response.text
+    run_id = response.json()["run_id"]
+    record = await gw.rt.wait_run(run_id, timeout=30)
+    assert record.status == "completed"
+
+    one = (await gw.client.get(f"/v1/runs/{run_id}")).json()
+    assert one["run"]["status"] == "completed"
+    assert one["usage"]["tokens"] == 20
+    assert one["budget"]["tokens"] == {"used": 20, "limit": 1000}
+
+    tree = (await gw.client.get(f"/v1/runs/{run_id}/tree")).json()
+    assert tree["root_id"] == run_id
+    assert tree["runs"][0]["agent_id"] == "fanout/r1"
+    assert sorted(r["agent_id"] for r in tree["runs"][1:]) == ["leaf/r1-0", "leaf/r1-1"]
+    # A child's tree is its root's tree.
+    child = tree["runs"][1]["run_id"]
+    assert (await gw.client.get(f"/v1/runs/{child}/tree")).json()["root_id"] == run_id
+
+    roots = (await gw.client.get("/v1/runs", params={"roots_only": "true", "status": "completed"})).json()
+    assert [r["run_id"] for r in roots["runs"]] == [run_id]
+    leaves = (await gw.client.get("/v1/runs", params={"agent_type": "leaf"})).json()
+    assert len(leaves["runs"]) == 2
+    assert (await gw.client.get("/v1/runs", params={"status": "failed"})).json()["runs"] == []
+
+
+async def test_runs_pagination_walks_every_run_once(gw: Stack) -> None:
+    ids = []
+    for i in range(5):
+        response = await gw.client.post("/v1/runs", json={"agent_id": f"echo/p{i}", "input": text("x")})
+        ids.append(response.json()["run_id"])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params = {"limit": "2", **({"cursor": cursor} if cursor else {})}
+        page = (await gw.client.get("/v1/runs", params=params)).json()
+        seen.extend(r["run_id"] for r in page["runs"])
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert sorted(seen) == sorted(ids)
+
+
+async def test_cancel_cancels_the_tree(gw: Stack) -> None:
+    cmd = json.dumps({"children": 2, "leaf": {"steps": 100, "sleep": 0.1}})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/c1", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    await gw.rt.wait_run(run_id, timeout=10, until=("running",))
+    response = await gw.client.post(f"/v1/runs/{run_id}/cancel", json={"reason": "enough"})
+    assert response.status_code == 200, response.text
+    record = await gw.rt.wait_run(run_id, timeout=30)
+    assert record.status == "cancelled"
+    again = await gw.client.post(f"/v1/runs/{run_id}/cancel")
+    assert again.status_code in (200, 409)
+
+
+async def test_events_stream_snapshot_then_live_then_done(gw: Stack) -> None:
+    cmd = json.dumps({"children": 2, "leaf": {"steps": 3, "tokens": 1, "sleep": 0.05}})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/e1", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    events = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+    assert events[0].event == "snapshot"
+    assert events[0].id == "0"
+    assert events[0].json()["root_id"] == run_id
+    assert events[-1].data == "[DONE]"
+    ids = [int(e.id or "-1") for e in events[1:-1]]
+    assert ids == sorted(set(ids)), "ids strictly increase"
+    names = {e.event for e in events[1:-1]}
+    assert {"status", "progress"} <= names
+    statuses = [
+        e.json()["run"]["status"]
+        for e in events
+        if e.event == "status" and e.json()["run"]["run_id"] == run_id
+    ]
+    assert statuses[-1] == "completed"
+    leaf_steps = [e for e in events if e.event == "progress" and "leaf" in e.json()["progress"]["agent_id"]]
+    assert len(leaf_steps) == 6
+
+
+async def test_events_resume_with_last_event_id_loses_and_repeats_nothing(gw: Stack) -> None:
+    cmd = json.dumps({"children": 3, "leaf": {"steps": 2}})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/e2", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    full = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+    middle = full[len(full) // 2]
+    assert middle.id is not None
+    assert middle.event != "snapshot"
+    resumed = await read_sse(gw.client, f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": middle.id})
+    expected = [(e.id, e.event) for e in full[len(full) // 2 + 1 : -1]]
+    assert [(e.id, e.event) for e in resumed[:-1]] == expected
+    assert resumed[-1].data == "[DONE]"
+
+
+async def test_a_viewer_disconnecting_does_not_cancel_the_run(gw: Stack) -> None:
+    cmd = json.dumps({"children": 1, "leaf": {"steps": 5, "sleep": 0.1}})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/d1", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    got = await read_sse(gw.client, f"/v1/runs/{run_id}/events", stop=lambda e: e.event == "progress")
+    assert got[-1].event == "progress"
+    record = await gw.rt.wait_run(run_id, timeout=30)
+    assert record.status == "completed"
+
+
+async def test_heartbeat_comments_flow_while_the_tree_is_quiet(gw: Stack) -> None:
+    cmd = json.dumps({"children": 1, "leaf": {"steps": 1, "sleep": 2.5}})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/h1", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    comments: list[str] = []
+    events = await read_sse(gw.client, f"/v1/runs/{run_id}/events", comments=comments)
+    assert events[-1].data == "[DONE]"
+    assert comments, "the gateway (heartbeat_s=1 here) sent keep-alive comments during the 2.5 s quiet step"
+
+
+async def test_two_gateways_serve_the_same_run(start_gateway: object, gw: Stack) -> None:
+    other = await start_gateway()  # type: ignore[operator]
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "echo/two", "input": text("x")})).json()[
+        "run_id"
+    ]
+    await gw.rt.wait_run(run_id, timeout=30)
+    a, b = await asyncio.gather(gw.client.get(f"/v1/runs/{run_id}"), other.client.get(f"/v1/runs/{run_id}"))
+    assert a.json()["run"] == b.json()["run"]
