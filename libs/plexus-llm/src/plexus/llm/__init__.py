@@ -6,12 +6,14 @@ Public API (the ``_modules`` are private):
   `TurnAccumulator` / `ModelTurn` (tool calls accumulated by index)
 - typed provider errors: `ProviderError` and its subclasses
 - adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``)
+- the loop: `LLMAgent` (journaled steps `LlmStep`), tools (`tool`, `Tool`, `ToolRegistry`)
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
 from __future__ import annotations
 
 from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
+from ._agent import FINISH_KEY, TRANSCRIPT_KEY, LLMAgent, ModelFinishedWithError
 from ._client import ModelClient, ModelRequest, ToolSpec, complete
 from ._errors import (
     AuthenticationError,
@@ -29,17 +31,25 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._journal import JOURNAL_SEQ_KEY, LlmStep
 from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._scripted import ScriptedModel, ScriptedTurn
+from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
 
 __all__ = [
+    "FINISH_KEY",
     "INVALID_ARGUMENTS_KEY",
+    "JOURNAL_SEQ_KEY",
+    "TRANSCRIPT_KEY",
     "AuthenticationError",
     "BadRequestError",
     "ContextTooLongError",
     "FinishEvent",
+    "LLMAgent",
+    "LlmStep",
     "ModelClient",
     "ModelEvent",
+    "ModelFinishedWithError",
     "ModelRequest",
     "ModelTurn",
     "OpenAIChatModel",
@@ -50,11 +60,16 @@ __all__ = [
     "ScriptedModel",
     "ScriptedTurn",
     "TextDeltaEvent",
+    "Tool",
+    "ToolArgumentsError",
     "ToolCallDeltaEvent",
+    "ToolRegistry",
     "ToolSpec",
     "TurnAccumulator",
     "UsageEvent",
     "complete",
     "openai_messages",
     "openai_request",
+    "tool",
+    "tool_output_blocks",
 ]

@@ -1,0 +1,274 @@
+"""`LLMAgent`: the model/tool loop as a durable Plexus agent, journaled so a crash never re-pays a turn.
+
+One handled message runs the loop: transcript → model turn (streamed: deltas on the agent's stream subject)
+→ tool calls → tool results → the seed 002 FinishReason table. Every completed step goes to the journal
+(`_journal.py`) before the loop moves on and usage goes through ``ctx.usage()`` after every model call, so
+the orchestrator's tree budget stops a runaway tree on any worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from plexus.core import (
+    AgentStep,
+    BaseBlock,
+    CancellationError,
+    ErrorBlock,
+    FinishReasonKind,
+    Item,
+    ItemKind,
+    JsonValue,
+    KernelError,
+    RunLlmCall,
+    RunToolCalled,
+    RunToolResult,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+from plexus.runtime import Agent, Context
+
+from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
+from ._client import ModelClient, ModelRequest
+from ._errors import ProviderError
+from ._events import ReasoningDeltaEvent, TextDeltaEvent
+from ._journal import JOURNAL_SEQ_KEY, Journal
+from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool_output_blocks
+
+__all__ = ["FINISH_KEY", "TRANSCRIPT_KEY", "LLMAgent", "ModelFinishedWithError"]
+
+log = logging.getLogger("plexus.llm")
+
+#: Agent state key of the conversation so far (a list of item dicts), kept across messages.
+TRANSCRIPT_KEY = "plexus.llm.transcript"
+#: Metadata key on the reply's blocks: why the loop stopped (a FinishReasonKind value or ``max_turns``).
+FINISH_KEY = "plexus.llm.finish"
+
+
+class ModelFinishedWithError(ProviderError):
+    """The model ended its turn with finish reason ``error`` (seed 002: return the error to the host)."""
+
+
+class LLMAgent(Agent):
+    """The loop as an agent type: ``app.register("assistant", lambda _id: LLMAgent(model, tools=[...]))``.
+
+    The conversation is kept in the agent's state, so it survives restarts and moves between workers.
+    ``journal=False`` turns off the per-step journal (a stateless demo, or a model that costs nothing).
+    """
+
+    def __init__(
+        self,
+        model: ModelClient,
+        *,
+        system: str = "",
+        tools: Sequence[Tool] = (),
+        max_turns: int = 10,
+        max_tokens: int = 1024,
+        temperature: float | None = None,
+        journal: bool = True,
+    ) -> None:
+        super().__init__()
+        if max_turns < 1:
+            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        self.model = model
+        self.system = system
+        self.tools = ToolRegistry(tools)
+        self.max_turns = max_turns
+        self.max_tokens = max_tokens
+        self.temperature = temperature
+        self.journal_enabled = journal
+
+    # -- the loop -------------------------------------------------------------------------------------
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
+        journal = await Journal.open(ctx, self.state) if self.journal_enabled else None
+        history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
+        items = [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
+        step = 0
+        finish = "max_turns"
+        last: ModelTurn | None = None
+        for _ in range(self.max_turns):
+            await ctx.check()
+            turn = await self._model_step(ctx, items, journal, step)
+            step += 1
+            items.append(turn.item)
+            last = turn
+            kind = turn.finish_reason.kind
+            if kind is FinishReasonKind.TOOL_CALL and turn.tool_calls:
+                await ctx.check()
+                tool_item = await self._tool_step(ctx, turn.tool_calls, journal, step)
+                step += 1
+                items.append(tool_item)
+                if any(isinstance(b, ToolResultBlock) and b.terminate for b in tool_item.blocks):
+                    finish = "terminated"
+                    break
+                continue
+            if kind is FinishReasonKind.TOOL_CALL:
+                continue  # e.g. Anthropic pause_turn: send the turn back and let the model go on
+            if kind is FinishReasonKind.ERROR:
+                raise ModelFinishedWithError(f"model ended with an error ({turn.finish_reason.raw})", "", 0)
+            if kind is FinishReasonKind.OTHER:
+                log.warning("unknown finish reason %r treated as completed", turn.finish_reason.raw)
+            finish = kind.value
+            break
+        self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
+        if journal is not None:
+            self.state[JOURNAL_SEQ_KEY] = journal.seq
+        await ctx.emit_progress(AgentStep.DONE, metadata={"finish": finish, "steps": step})
+        return _reply(last, finish)
+
+    async def _model_step(
+        self, ctx: Context, items: list[Item], journal: Journal | None, step: int
+    ) -> ModelTurn:
+        done = journal.replayed(step) if journal is not None else None
+        if done is not None and done.finish_reason is not None:
+            # Already paid for (and already counted against the budget) before the crash.
+            return ModelTurn(done.item, done.usage or Usage(), done.finish_reason)
+        await ctx.emit_progress(AgentStep.THINKING, metadata={"step": step})
+        request = ModelRequest(
+            items=[*self._system_items(), *items],
+            tools=self.tools.specs,
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+        )
+        started = time.monotonic()
+        turn = await _race_cancellation(ctx, self._stream_turn(ctx, request))
+        if journal is not None:
+            await journal.append(step, turn.item, turn.usage, turn.finish_reason)
+        run_id = ctx.run_id or ctx.message_id
+        ctx.record(
+            RunLlmCall(
+                run_id=run_id,
+                agent_id=str(ctx.agent_id),
+                model=self.model.model,
+                usage=turn.usage,
+                finish_reason=turn.finish_reason,
+                duration_s=time.monotonic() - started,
+            )
+        )
+        await ctx.usage(turn.usage, turns=1)  # may raise BudgetExhaustedError: the tree's budget is spent
+        return turn
+
+    async def _stream_turn(self, ctx: Context, request: ModelRequest) -> ModelTurn:
+        acc = TurnAccumulator()
+        async for event in self.model.stream(request):
+            acc.add(event)
+            if isinstance(event, TextDeltaEvent) and event.text:
+                await ctx.stream(event.text)
+            elif isinstance(event, ReasoningDeltaEvent) and event.text:
+                await ctx.stream(event.text, reasoning=True)
+        return acc.finish(metadata={"plexus.llm.model": self.model.model})
+
+    def _system_items(self) -> list[Item]:
+        return [Item(kind=ItemKind.SYSTEM, blocks=[TextBlock(text=self.system)])] if self.system else []
+
+    async def _tool_step(
+        self, ctx: Context, calls: list[ToolUseBlock], journal: Journal | None, step: int
+    ) -> Item:
+        done = journal.replayed(step) if journal is not None else None
+        if done is not None:
+            return done.item
+        results: dict[str, ToolResultBlock] = {}
+        parallel = [c for c in calls if (t := self.tools.get(c.tool_name)) is None or t.mode == "parallel"]
+        sequential = [c for c in calls if c not in parallel]
+        outcomes = await asyncio.gather(*(self._call(ctx, c) for c in parallel))
+        results.update({c.call_id: r for c, r in zip(parallel, outcomes, strict=True)})
+        for call in sequential:
+            await ctx.check()
+            results[call.call_id] = await self._call(ctx, call)
+        item = Item(kind=ItemKind.TOOL, blocks=[results[c.call_id] for c in calls])
+        if journal is not None:
+            await journal.append(step, item)
+        return item
+
+    async def _call(self, ctx: Context, call: ToolUseBlock) -> ToolResultBlock:
+        run_id = ctx.run_id or ctx.message_id
+        ctx.record(
+            RunToolCalled(
+                run_id=run_id,
+                agent_id=str(ctx.agent_id),
+                call_id=call.call_id,
+                tool_name=call.tool_name or "?",
+                arguments=call.arguments,
+            )
+        )
+        await ctx.emit_progress(AgentStep.TOOL_CALL, [call])
+        result = await self._execute(ctx, call)
+        error = next((b for b in result.content if isinstance(b, ErrorBlock)), None)
+        ctx.record(
+            RunToolResult(
+                run_id=run_id,
+                agent_id=str(ctx.agent_id),
+                call_id=call.call_id,
+                tool_name=call.tool_name or None,
+                output=None if error else [b.model_dump(mode="json") for b in result.content],
+                error=None if error is None else {"error_type": error.error_type, "message": error.message},
+            )
+        )
+        await ctx.emit_progress(AgentStep.TOOL_RESULT, [result])
+        return result
+
+    async def _execute(self, ctx: Context, call: ToolUseBlock) -> ToolResultBlock:
+        """Run one call; every failure becomes an ErrorBlock the model sees, never a crash of the loop."""
+        invalid = call.metadata.get(INVALID_ARGUMENTS_KEY)
+        if invalid is not None:
+            return _error(call, "InvalidToolArguments", _problem(invalid))
+        t = self.tools.get(call.tool_name)
+        if t is None:
+            known = ", ".join(sorted(s.name for s in self.tools.specs)) or "none"
+            return _error(call, "UnknownTool", f"no tool named {call.tool_name!r} (tools: {known})")
+        try:
+            value = await t.invoke(call.arguments, ctx)
+        except ToolArgumentsError as exc:
+            return _error(call, "InvalidToolArguments", str(exc))
+        except TimeoutError:
+            return _error(call, "ToolTimeout", f"{t.name} took longer than {t.timeout_s} s")
+        except (CancellationError, asyncio.CancelledError):
+            raise
+        except KernelError as exc:
+            return ToolResultBlock(call_id=call.call_id, content=[exc.to_block()], is_error=True)
+        except Exception as exc:
+            return _error(call, type(exc).__name__, str(exc) or repr(exc))
+        if isinstance(value, ToolResultBlock):
+            return value.model_copy(update={"call_id": call.call_id})
+        return ToolResultBlock(call_id=call.call_id, content=tool_output_blocks(value))
+
+
+async def _race_cancellation(ctx: Context, work: Any) -> ModelTurn:
+    """Await ``work`` unless the run is cancelled first; then stop it and raise CancellationError."""
+    task: asyncio.Task[ModelTurn] = asyncio.ensure_future(work)
+    registration = ctx.cancellation.add_callback(lambda _reason: task.cancel())
+    try:
+        return await task
+    except asyncio.CancelledError:
+        if ctx.cancellation.is_cancelled:
+            raise CancellationError(ctx.cancellation.reason or "cancelled") from None
+        raise
+    finally:
+        registration.unregister()
+
+
+def _problem(invalid: JsonValue) -> str:
+    if isinstance(invalid, dict):
+        return f"{invalid.get('problem')}; raw arguments: {invalid.get('raw')!s:.500}"
+    return str(invalid)
+
+
+def _error(call: ToolUseBlock, error_type: str, message: str) -> ToolResultBlock:
+    block = ErrorBlock(error_type=error_type, message=message, recoverable=True)
+    return ToolResultBlock(call_id=call.call_id, content=[block], is_error=True)
+
+
+def _reply(turn: ModelTurn | None, finish: str) -> list[BaseBlock]:
+    blocks: list[BaseBlock] = []
+    if turn is not None:
+        blocks = [b for b in turn.item.blocks if not isinstance(b, ThinkingBlock | ToolUseBlock)]
+    if not blocks:
+        blocks = [TextBlock(text="")]
+    return [b.model_copy(update={"metadata": {**b.metadata, FINISH_KEY: finish}}) for b in blocks]

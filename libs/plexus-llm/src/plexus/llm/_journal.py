@@ -1,0 +1,86 @@
+"""The loop's journal: every completed model turn and tool step, appended before the loop moves on.
+
+A crash-retried handler (same message id) reads its journal back and takes completed steps from it instead
+of calling the model or the tools again: a crash never pays for a model call twice.
+
+Where: the agent's own EventLog cannot take these appends, because the worker commits each handled message
+to it fenced by the sequence it cached at activation (an append in the middle of the handler would make that
+commit fail). The journal is therefore a sibling EventLog, ``<type>.llm-journal/<key>``, written only by the
+handler of that agent key. Each handled message records where the journal ended in the agent's state, so a
+replay reads only the entries since.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+from pydantic import Field
+
+from plexus.core import (
+    AgentId,
+    FinishReason,
+    Item,
+    KernelMessage,
+    Usage,
+    register_message_type,
+)
+from plexus.runtime import Context, EventLog
+
+__all__ = ["JOURNAL_SEQ_KEY", "Journal", "LlmStep"]
+
+#: Agent state key holding the journal's last sequence when the previous message was committed.
+JOURNAL_SEQ_KEY = "plexus.llm.journal_seq"
+_JOURNAL_SUFFIX = ".llm-journal"
+
+
+@register_message_type
+class LlmStep(KernelMessage):
+    """One completed step of the loop while handling ``message_id``: a model turn or the tool results."""
+
+    type: Literal["llm.step"] = "llm.step"
+    message_id: str
+    step: int = Field(ge=0)
+    item: Item
+    usage: Usage | None = None
+    finish_reason: FinishReason | None = None
+
+
+def journal_id(agent_id: AgentId) -> AgentId:
+    return AgentId(agent_id.type + _JOURNAL_SUFFIX, agent_id.key, agent_id.namespace)
+
+
+class Journal:
+    """The journal of one handling of one message."""
+
+    def __init__(self, log: EventLog[Any], message_id: str, seq: int, replay: dict[int, LlmStep]) -> None:
+        self._log = log
+        self._message_id = message_id
+        self.seq = seq
+        self.replay = replay
+
+    @classmethod
+    async def open(cls, ctx: Context, state: dict[str, Any]) -> Journal:
+        # The public Context exposes the EventLog of its own agent only; a copy pointed at the journal's
+        # id reaches the sibling log through the same backend (plexus.runtime has no API for this yet).
+        log = dataclasses.replace(ctx, agent_id=journal_id(ctx.agent_id)).event_log
+        since = int(state.get(JOURNAL_SEQ_KEY, 0))
+        replay: dict[int, LlmStep] = {}
+        seq = await log.last_seq()
+        if seq > since:
+            for record in await log.read(from_seq=since + 1, to_seq=seq):
+                entry = record.entry
+                if isinstance(entry, LlmStep) and entry.message_id == ctx.message_id:
+                    replay[entry.step] = entry
+        return cls(log, ctx.message_id, seq, replay)
+
+    def replayed(self, step: int) -> LlmStep | None:
+        return self.replay.get(step)
+
+    async def append(
+        self, step: int, item: Item, usage: Usage | None = None, finish_reason: FinishReason | None = None
+    ) -> None:
+        entry = LlmStep(
+            message_id=self._message_id, step=step, item=item, usage=usage, finish_reason=finish_reason
+        )
+        self.seq = await self._log.append([entry], expected_seq=self.seq)

@@ -1,0 +1,171 @@
+"""Tools: a function plus the JSON Schema of its arguments, generated from its type hints by pydantic.
+
+A parameter annotated `Context` (or named ``ctx``) receives the handler's Context and is not part of the
+schema, so a tool can ``ctx.spawn`` a sub-agent (counted in the run's SpawnBudget) or ``ctx.send``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, get_type_hints, overload
+
+from pydantic import BaseModel, ConfigDict, ValidationError, create_model
+
+from plexus.core import BaseBlock, DataBlock, ErrorBlock, JsonValue, TextBlock
+from plexus.runtime import Context
+
+from ._client import ToolSpec
+
+__all__ = ["Tool", "ToolArgumentsError", "ToolRegistry", "tool", "tool_output_blocks"]
+
+ToolMode = Literal["parallel", "sequential"]
+
+
+class ToolArgumentsError(ValueError):
+    """The model's arguments do not fit the tool's schema."""
+
+
+@dataclass(frozen=True)
+class Tool:
+    """One tool. ``mode``: ``parallel`` tools of one turn run concurrently, ``sequential`` ones one by one
+    after them, in call order. ``timeout_s`` bounds one call (the model then sees an ErrorBlock)."""
+
+    name: str
+    description: str
+    fn: Callable[..., Any]
+    arguments_model: type[BaseModel]
+    context_param: str | None = None
+    mode: ToolMode = "parallel"
+    timeout_s: float | None = None
+    schema: dict[str, JsonValue] = field(default_factory=dict)
+
+    @property
+    def spec(self) -> ToolSpec:
+        return ToolSpec(self.name, self.description, self.schema)
+
+    async def invoke(self, arguments: dict[str, JsonValue], ctx: Context | None) -> Any:
+        """Validate ``arguments`` (ToolArgumentsError) and run the function, sync ones in a thread."""
+        try:
+            parsed = self.arguments_model.model_validate(arguments)
+        except ValidationError as exc:
+            raise ToolArgumentsError(_brief(exc)) from None
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        if self.context_param is not None:
+            kwargs[self.context_param] = ctx
+        if inspect.iscoroutinefunction(self.fn):
+            call: Awaitable[Any] = self.fn(**kwargs)
+        else:
+            call = asyncio.to_thread(self.fn, **kwargs)
+        if self.timeout_s is None:
+            return await call
+        return await asyncio.wait_for(call, self.timeout_s)
+
+
+def _brief(exc: ValidationError) -> str:
+    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'arguments'}: {e['msg']}" for e in exc.errors())
+
+
+@overload
+def tool(fn: Callable[..., Any], /) -> Tool: ...
+
+
+@overload
+def tool(
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    mode: ToolMode = "parallel",
+    timeout_s: float | None = None,
+) -> Callable[[Callable[..., Any]], Tool]: ...
+
+
+def tool(
+    fn: Callable[..., Any] | None = None,
+    /,
+    *,
+    name: str | None = None,
+    description: str | None = None,
+    mode: ToolMode = "parallel",
+    timeout_s: float | None = None,
+) -> Tool | Callable[[Callable[..., Any]], Tool]:
+    """Make a `Tool` from a function (usable bare, ``@tool``, or with options, ``@tool(mode=...)``).
+
+    The description defaults to the docstring; the schema comes from the annotated parameters.
+    """
+
+    def build(f: Callable[..., Any]) -> Tool:
+        hints = get_type_hints(f)
+        fields: dict[str, Any] = {}
+        context_param: str | None = None
+        for param in inspect.signature(f).parameters.values():
+            annotation = hints.get(param.name, Any)
+            if annotation is Context or param.name == "ctx":
+                context_param = param.name
+                continue
+            default = ... if param.default is inspect.Parameter.empty else param.default
+            fields[param.name] = (annotation, default)
+        tool_name = name or f.__name__
+        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        schema = model.model_json_schema()
+        schema.pop("title", None)
+        return Tool(
+            name=tool_name,
+            description=(description or inspect.getdoc(f) or "").strip(),
+            fn=f,
+            arguments_model=model,
+            context_param=context_param,
+            mode=mode,
+            timeout_s=timeout_s,
+            schema=schema,
+        )
+
+    return build(fn) if fn is not None else build
+
+
+class ToolRegistry:
+    """Tools by name; duplicate names are refused."""
+
+    def __init__(self, tools: Sequence[Tool] = ()) -> None:
+        self._tools: dict[str, Tool] = {}
+        for t in tools:
+            self.add(t)
+
+    def add(self, t: Tool) -> None:
+        if t.name in self._tools:
+            raise ValueError(f"tool {t.name!r} is already registered")
+        self._tools[t.name] = t
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    @property
+    def specs(self) -> list[ToolSpec]:
+        return [t.spec for t in self._tools.values()]
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+
+def tool_output_blocks(value: Any) -> list[BaseBlock]:
+    """A tool's return value as content: blocks as they are, str as text, dicts as data, else JSON text."""
+    if isinstance(value, BaseBlock):
+        return [value]
+    if isinstance(value, list) and all(isinstance(v, BaseBlock) for v in value):
+        return list(value)
+    if isinstance(value, str):
+        return [TextBlock(text=value)]
+    if isinstance(value, dict):
+        try:
+            return [DataBlock(data=value)]
+        except ValueError:
+            pass
+    if value is None:
+        return [TextBlock(text="")]
+    try:
+        return [TextBlock(text=json.dumps(value, default=str))]
+    except (TypeError, ValueError) as exc:  # pragma: no cover - default=str makes this rare
+        return [ErrorBlock(error_type="ToolOutputError", message=str(exc))]

@@ -1,0 +1,188 @@
+"""LLMAgent on a real worker and nats-server, driven by ScriptedModel (no HTTP)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from plexus.core import (
+    AgentId,
+    DataBlock,
+    ErrorBlock,
+    Item,
+    KernelError,
+    TextBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+)
+from plexus.llm import (
+    FINISH_KEY,
+    TRANSCRIPT_KEY,
+    LLMAgent,
+    LlmStep,
+    ModelEvent,
+    ModelRequest,
+    ScriptedModel,
+    ScriptedTurn,
+    tool,
+)
+from plexus.runtime import App, Runtime
+
+StartWorker = Any
+
+
+@tool
+def add(a: int, b: int) -> int:
+    """Add two integers."""
+    return a + b
+
+
+@tool(mode="sequential")
+async def stop_here(reason: str) -> ToolResultBlock:
+    """End the run without another model call."""
+    return ToolResultBlock(call_id="x", content=[TextBlock(text=reason)], terminate=True)
+
+
+def _tool_results(request: ModelRequest) -> list[ToolResultBlock]:
+    return [b for i in request.items for b in i.blocks if isinstance(b, ToolResultBlock)]
+
+
+async def _ask(rt: Runtime, app: App, key: str, text: str) -> list[Any]:
+    return await rt.send_message([TextBlock(text=text)], AgentId("assistant", key, app.namespace), timeout=20)
+
+
+def _app(model: ScriptedModel, **options: Any) -> App:
+    app = App()
+    app.register(
+        "assistant", lambda _id: LLMAgent(model, system="Be brief.", tools=[add, stop_here], **options)
+    )
+    return app
+
+
+async def test_tool_turn_then_answer_and_journal(runtime: Runtime, start_worker: StartWorker) -> None:
+    model = ScriptedModel(
+        [
+            ScriptedTurn(text="Adding.", tool_calls=[("c1", "add", {"a": 2, "b": 3})]),
+            ScriptedTurn(text="It is 5."),
+        ]
+    )
+    app = _app(model)
+    await start_worker(app)
+    reply = await _ask(runtime, app, "k1", "2+3?")
+    assert [b.text for b in reply] == ["It is 5."]
+    assert reply[0].metadata[FINISH_KEY] == "completed"
+    assert len(model.requests) == 2
+    first = model.requests[0]
+    assert first.items[0].text == "Be brief."
+    assert [s.name for s in first.tools] == ["add", "stop_here"]
+    assert first.tools[0].parameters["required"] == ["a", "b"]
+    (result,) = _tool_results(model.requests[1])
+    assert result.content == [TextBlock(text="5")]
+    # Every step is journaled, in order, for this message.
+    journal = runtime.event_log(AgentId("assistant.llm-journal", "k1", app.namespace))
+    steps = [r.entry for r in await journal.read()]
+    assert [(s.step, s.item.kind.value) for s in steps if isinstance(s, LlmStep)] == [
+        (0, "assistant"),
+        (1, "tool"),
+        (2, "assistant"),
+    ]
+
+
+async def test_conversation_is_kept_across_messages(runtime: Runtime, start_worker: StartWorker) -> None:
+    model = ScriptedModel([ScriptedTurn(text="Hi Ann."), ScriptedTurn(text="You are Ann.")])
+    app = _app(model)
+    await start_worker(app)
+    await _ask(runtime, app, "k2", "I am Ann.")
+    reply = await _ask(runtime, app, "k2", "Who am I?")
+    assert reply[0].text == "You are Ann."
+    texts = [i.text for i in model.requests[1].items]
+    assert texts == ["Be brief.", "I am Ann.", "Hi Ann.", "Who am I?"]
+
+
+async def test_unknown_tool_bad_arguments_and_malformed_json_are_errors_the_model_sees(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    from plexus.core import FinishReason, Usage
+    from plexus.llm import FinishEvent, ToolCallDeltaEvent, UsageEvent
+
+    broken: list[ModelEvent] = [
+        ToolCallDeltaEvent(index=0, call_id="c1", name="nope", arguments="{}"),
+        ToolCallDeltaEvent(index=1, call_id="c2", name="add", arguments='{"a": "x", "b": 1}'),
+        ToolCallDeltaEvent(index=2, call_id="c3", name="add", arguments='{"a": 1, '),
+        UsageEvent(Usage(input_tokens=1, output_tokens=1)),
+        FinishEvent(FinishReason.tool_call()),
+    ]
+    model = ScriptedModel([broken, ScriptedTurn(text="Sorry.")])
+    app = _app(model)
+    await start_worker(app)
+    reply = await _ask(runtime, app, "k3", "go")
+    assert reply[0].text == "Sorry."
+    results = _tool_results(model.requests[1])
+    assert [r.call_id for r in results] == ["c1", "c2", "c3"]
+    assert all(r.is_error for r in results)
+    kinds = [r.content[0].error_type for r in results if isinstance(r.content[0], ErrorBlock)]
+    assert kinds == ["UnknownTool", "InvalidToolArguments", "InvalidToolArguments"]
+
+
+async def test_terminate_skips_the_follow_up_call(runtime: Runtime, start_worker: StartWorker) -> None:
+    model = ScriptedModel([ScriptedTurn(tool_calls=[("c1", "stop_here", {"reason": "done"})])])
+    app = _app(model)
+    await start_worker(app)
+    reply = await _ask(runtime, app, "k4", "stop")
+    assert len(model.requests) == 1
+    assert reply[0].metadata[FINISH_KEY] == "terminated"
+
+
+async def test_max_turns_and_finish_table(runtime: Runtime, start_worker: StartWorker) -> None:
+    from plexus.core import FinishReason
+
+    loop_forever = ScriptedTurn(tool_calls=[("c", "add", {"a": 1, "b": 1})])
+    model = ScriptedModel(
+        [
+            lambda r: ScriptedTurn(tool_calls=[(f"c{len(r.items)}", "add", {"a": 1, "b": 1})]),
+            lambda r: ScriptedTurn(tool_calls=[(f"c{len(r.items)}", "add", {"a": 1, "b": 1})]),
+            ScriptedTurn(text="cut", finish=FinishReason.max_tokens("length")),
+            ScriptedTurn(text="odd", finish=FinishReason.other("weird")),
+            ScriptedTurn(text="bad", finish=FinishReason.error("error")),
+        ]
+    )
+    assert loop_forever.tool_calls
+    app = _app(model, max_turns=2)
+    await start_worker(app)
+    reply = await _ask(runtime, app, "k5", "loop")
+    assert reply[0].metadata[FINISH_KEY] == "max_turns"
+    reply = await _ask(runtime, app, "k5", "more")
+    assert (reply[0].text, reply[0].metadata[FINISH_KEY]) == ("cut", "max_tokens")
+    reply = await _ask(runtime, app, "k5", "more")
+    assert (reply[0].text, reply[0].metadata[FINISH_KEY]) == ("odd", "other")
+    with pytest.raises(KernelError) as info:
+        await _ask(runtime, app, "k5", "more")
+    assert "ModelFinishedWithError" in repr(info.value)
+
+
+async def test_tool_returning_data_and_transcript_in_state(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    @tool
+    async def lookup(key: str) -> dict[str, Any]:
+        await asyncio.sleep(0)
+        return {"key": key, "value": 42}
+
+    model = ScriptedModel([ScriptedTurn(tool_calls=[("c", "lookup", {"key": "k"})]), ScriptedTurn(text="42")])
+    app = App()
+    agents: list[LLMAgent] = []
+
+    def make(_id: AgentId) -> LLMAgent:
+        agents.append(LLMAgent(model, tools=[lookup]))
+        return agents[-1]
+
+    app.register("assistant", make)
+    await start_worker(app)
+    await _ask(runtime, app, "k6", "?")
+    (result,) = _tool_results(model.requests[1])
+    assert result.content == [DataBlock(data={"key": "k", "value": 42})]
+    stored = [Item.model_validate(d) for d in agents[0].state[TRANSCRIPT_KEY]]
+    assert [i.kind.value for i in stored] == ["user", "assistant", "tool", "assistant"]
+    assert isinstance(stored[1].blocks[0], ToolUseBlock)
