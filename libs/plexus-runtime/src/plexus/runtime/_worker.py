@@ -14,7 +14,7 @@ import os
 import socket
 import time
 from collections.abc import Callable, Coroutine
-from typing import Any, Literal
+from typing import Any
 
 import msgspec
 from nats.aio.msg import Msg
@@ -57,14 +57,11 @@ from ._interceptors import (
 from ._leases import LeaseManager
 from ._orchestration import (
     CancelNotice,
-    FinishedReport,
-    InvalidRunRequest,
     PauseNotice,
-    RunNotFoundError,
-    RunStateError,
 )
 from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
+from ._runend import RunEndReporter
 from ._subjects import checkpoint_key, escape_token, inbox_partition
 from ._work import WorkerConfig, _is_run_entry, _JsDelivery, _reply_text, _Work
 
@@ -98,6 +95,7 @@ class Worker:
             self._logged_since,
         )
         self._intake = Intake(app, runtime, self.worker_id)
+
         self._owners: dict[str, PartitionOwner] = {}
         self._unacked: set[_Work] = set()
         self._stoppers: set[asyncio.Future[None]] = set()  # handlers being stopped after a lost lease
@@ -106,6 +104,9 @@ class Worker:
         self._control_subs: list[Any] = []
         self.control = RunControl(runtime)
         self.orchestrator = OrchestratorClient(runtime)
+        self._run_end = RunEndReporter(
+            self.orchestrator, app.namespace, lambda w, why, detail: self._dlq_copy(w.msg, why, detail, w.env)
+        )
         self._backend = WorkerBackend(self, ClusterSupervisor(runtime, self.control, self.orchestrator))
         self._run_control = RunControlInterceptor(self.control)
         # Outermost first: the trace spans everything; run control races the whole retry loop against
@@ -402,7 +403,7 @@ class Worker:
         if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
             reported = True
             if stored_reply is not None:
-                reported = await self._report_finished(work, decode_reply(stored_reply))
+                reported = await self._run_end.report(work, decode_reply(stored_reply))
                 if work.reply_to:
                     await self._publish_reply(work.reply_to, stored_reply)
             if reported:  # else not acked: redelivered later, when the orchestrator may be back
@@ -436,38 +437,11 @@ class Worker:
             await self._commit(activation, work, ctx, reply, encoded)
         # The run's end is reported before the caller hears of it: the report frees the run's spawn slot,
         # and a parent that spawns its next child on this reply must find that slot free.
-        reported = await self._report_finished(work, reply)
+        reported = await self._run_end.report(work, reply)
         if encoded is not None and work.reply_to:
             await self._publish_reply(work.reply_to, encoded)
         if reported:  # else not acked: redelivered after ack_wait and answered from the checkpoint
             await self._ack(work)
-
-    async def _report_finished(self, work: _Work, reply: Reply) -> bool:
-        """Tell the orchestrator a run ended, when this message was a run's entry (its spawn or start).
-
-        False when no orchestrator could be reached: the caller must not ack, so the run's end is never
-        lost with the message. An answer that refuses the report (an unknown run: a forged or foreign
-        envelope) is final: the message is dead-lettered and may be acked, never redelivered forever."""
-        env = work.env
-        run = env.run
-        if run is None or not _is_run_entry(env):
-            return True
-        error_type = (reply.error or {}).get("error_type")
-        status: Literal["completed", "failed", "cancelled"] = (
-            "completed" if reply.ok else "cancelled" if error_type == "CancellationError" else "failed"
-        )
-        report = FinishedReport(run_id=run.run_id, status=status, output=reply.payload, error=reply.error)
-        try:
-            await self.orchestrator.call("finished", report, dict, namespace=self.app.namespace)
-        except (RunNotFoundError, InvalidRunRequest, RunStateError) as exc:
-            log.warning("the orchestrator refused the end of run %s: %s", run.run_id, exc)
-            if not work.durable:
-                return True
-            return await self._dlq_copy(work.msg, "report_rejected", f"{type(exc).__name__}: {exc}", env)
-        except KernelError as exc:  # no replica answered, or one failed: the report may succeed later
-            log.warning("could not report the end of run %s (will retry on redelivery): %s", run.run_id, exc)
-            return False
-        return True
 
     async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
         env = work.env

@@ -64,6 +64,20 @@ class Ending:
     usage: UsageTotals = field(default_factory=UsageTotals)
 
 
+def deadline_ending() -> Ending:
+    """How a run that missed its deadline ends, whoever notices first (the sweeper or the worker's report).
+    A fresh value each time: `end_tree` fills in its usage."""
+    return Ending(RunStatus.FAILED, DEADLINE, CancellationError(DEADLINE).to_wire(), reason=DEADLINE)
+
+
+def deadline_caused(record: RunRecord, error: dict[str, Any] | None) -> bool:
+    """Whether a cancellation report is the run's own deadline (said so, or the deadline is behind us)."""
+    if record.deadline is not None and time.time() >= record.deadline:
+        return True
+    fields = (error or {}).get("fields") or {}
+    return (error or {}).get("error_type") == "CancellationError" and fields.get("reason") == DEADLINE
+
+
 def tree_error(record: RunRecord) -> KernelError | None:
     """The error agents of an ended tree must see (None for a completed one)."""
     if record.status not in TERMINAL or record.status == RunStatus.COMPLETED:
@@ -140,8 +154,7 @@ class EngineCore:
         root = found[0]
         if root.status in TERMINAL or root.deadline is None or time.time() < root.deadline:
             return False
-        error = CancellationError(DEADLINE).to_wire()
-        return await self.end_tree(root_id, Ending(RunStatus.FAILED, DEADLINE, error, reason=DEADLINE))
+        return await self.end_tree(root_id, deadline_ending())
 
     async def end_tree(self, root_id: str, ending: Ending) -> bool:
         """End the whole tree (root first, by CAS: exactly one caller wins); returns whether we won."""

@@ -43,7 +43,16 @@ from plexus.runtime._subjects import Subjects
 
 from . import _validate as v
 from ._budget import budget_error
-from ._endings import DEADLINE, Ending, EngineConfig, EngineCore, apply_ending, tree_error
+from ._endings import (
+    DEADLINE,
+    Ending,
+    EngineConfig,
+    EngineCore,
+    apply_ending,
+    deadline_caused,
+    deadline_ending,
+    tree_error,
+)
 from ._events import RunDecision, namespace_of
 from ._spawn import admit, release
 from ._store import Changed
@@ -472,16 +481,10 @@ class Engine(EngineCore):
             await self._settle_slot(record)
             return record
         status = RunStatus(rep.status)
-        if status == RunStatus.CANCELLED and _deadline_passed(record, error):
+        if status == RunStatus.CANCELLED and deadline_caused(record, error):
             # The worker's deadline interceptor may report before the sweeper fails the tree: the outcome of
             # a missed deadline is one thing whoever reports first (FAILED, CancellationError("deadline")).
-            ending = Ending(
-                RunStatus.FAILED, DEADLINE, CancellationError(DEADLINE).to_wire(), reason=DEADLINE
-            )
-            if record.parent_id is None:
-                await self.end_tree(run_id, ending)  # as the sweeper would (it may be a moment behind)
-                return (await self.store.require_run(run_id))[0]
-            return await self._end_run(record, ending)
+            return await self._end_run(record, deadline_ending())
         if status != RunStatus.COMPLETED and error is None:
             error = (
                 CancellationError("cancelled") if status == RunStatus.CANCELLED else KernelError("run failed")
@@ -590,11 +593,3 @@ class Engine(EngineCore):
             tree = await self.store.get_tree(run_id)
             record.usage = await self.usage(record, tree[0] if tree else None)  # live totals
         return record
-
-
-def _deadline_passed(record: RunRecord, error: dict[str, Any] | None) -> bool:
-    """Whether a cancellation report is the run's own deadline (said so, or the deadline is behind us)."""
-    if record.deadline is not None and time.time() >= record.deadline:
-        return True
-    fields = (error or {}).get("fields") or {}
-    return (error or {}).get("error_type") == "CancellationError" and fields.get("reason") == DEADLINE
