@@ -5,7 +5,8 @@ Public API (the ``_modules`` are private):
 - the model boundary: `ModelClient`, `ModelRequest`, `ToolSpec`, `complete`, the stream events, and
   `TurnAccumulator` / `ModelTurn` (tool calls accumulated by index)
 - typed provider errors: `ProviderError` and its subclasses
-- adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``)
+- adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``),
+  `AnthropicModel` (Messages API)
 - the loop: `LLMAgent` (journaled steps `LlmStep`), tools (`tool`, `Tool`, `ToolRegistry`)
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
 from ._agent import FINISH_KEY, TRANSCRIPT_KEY, LLMAgent, ModelFinishedWithError
+from ._anthropic import AnthropicModel, anthropic_messages, anthropic_request
 from ._client import ModelClient, ModelRequest, ToolSpec, complete
 from ._errors import (
     AuthenticationError,
@@ -41,6 +43,7 @@ __all__ = [
     "INVALID_ARGUMENTS_KEY",
     "JOURNAL_SEQ_KEY",
     "TRANSCRIPT_KEY",
+    "AnthropicModel",
     "AuthenticationError",
     "BadRequestError",
     "ContextTooLongError",
@@ -67,6 +70,8 @@ __all__ = [
     "ToolSpec",
     "TurnAccumulator",
     "UsageEvent",
+    "anthropic_messages",
+    "anthropic_request",
     "complete",
     "openai_messages",
     "openai_request",

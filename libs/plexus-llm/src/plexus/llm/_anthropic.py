@@ -1,0 +1,277 @@
+"""`AnthropicModel`: the Messages API over the official ``anthropic`` SDK (transport, retries, SSE are its).
+
+Seed 004 rules for this wire format: system-like items go to the top-level ``system``; tool results travel
+as ``tool_result`` blocks in ONE user message, placed before any text, and every ``tool_use`` is answered;
+thinking blocks go back verbatim with their ``signature`` (redacted ones as ``redacted_thinking``), and
+reasoning without a signature (from another provider) is dropped because the API would refuse it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
+
+import anthropic
+import httpx2
+
+from plexus.core import (
+    BaseBlock,
+    DocumentBlock,
+    FinishReason,
+    ImageBlock,
+    Item,
+    ItemKind,
+    TextBlock,
+    ThinkingBlock,
+    ToolResultBlock,
+    ToolUseBlock,
+    Usage,
+)
+
+from ._client import ModelRequest, ToolSpec
+from ._convert import CANCELLED_RESULT, blocks_text, media_base64, prepare
+from ._errors import (
+    AuthenticationError,
+    BadRequestError,
+    ContextTooLongError,
+    ProviderError,
+    ProviderUnavailableError,
+    RateLimitError,
+)
+from ._events import (
+    FinishEvent,
+    ModelEvent,
+    ReasoningDeltaEvent,
+    TextDeltaEvent,
+    ToolCallDeltaEvent,
+    UsageEvent,
+)
+from ._openai import _retry_after
+
+__all__ = ["AnthropicModel", "anthropic_messages", "anthropic_request", "anthropic_tools"]
+
+_SYSTEM_KINDS = (ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT)
+
+
+class AnthropicModel:
+    """A `ModelClient` over ``AsyncAnthropic.messages.create(stream=True)``, reading the raw events."""
+
+    def __init__(self, client: anthropic.AsyncAnthropic, model: str) -> None:
+        self._client = client
+        self._model = model
+
+    @property
+    def model(self) -> str:
+        return self._model
+
+    async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        body = anthropic_request(self._model, request)
+        parser = _EventParser()
+        try:
+            events = await self._client.messages.create(**body)
+            async for raw in events:
+                for event in parser.feed(raw):
+                    yield event
+        except anthropic.APIError as exc:
+            raise _map_error(exc) from exc
+        except httpx2.HTTPError as exc:
+            raise ProviderUnavailableError(f"stream broken: {exc!r}", "anthropic", 0) from exc
+        if not parser.stopped:
+            raise ProviderUnavailableError("stream ended before message_stop", "anthropic", 0)
+
+
+def anthropic_request(model: str, request: ModelRequest) -> dict[str, Any]:
+    system, messages = anthropic_messages(request.items)
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": request.max_tokens,
+        "messages": messages,
+        "stream": True,
+    }
+    if system:
+        body["system"] = system
+    if request.tools:
+        body["tools"] = anthropic_tools(request.tools)
+    if request.temperature is not None:
+        body["temperature"] = request.temperature
+    body.update(request.extra)
+    return body
+
+
+def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "description": t.description, "input_schema": t.parameters} for t in tools]
+
+
+def anthropic_messages(items: Sequence[Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(system blocks, messages) for ``items``; consecutive same-role turns are merged into one message."""
+    system: list[dict[str, Any]] = []
+    # Each message: role, its tool_result blocks, then its other blocks (results must come first).
+    turns: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = []
+    pending: list[str] = []
+
+    def turn(role: str) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+        if not turns or turns[-1][0] != role:
+            turns.append((role, [], []))
+        return turns[-1]
+
+    def answer_pending() -> None:
+        if pending:
+            results = turn("user")[1]
+            for call_id in pending:
+                results.append(
+                    {
+                        "type": "tool_result",
+                        "tool_use_id": call_id,
+                        "content": CANCELLED_RESULT,
+                        "is_error": True,
+                    }
+                )
+            pending.clear()
+
+    for item in prepare(items):
+        if item.kind in _SYSTEM_KINDS:
+            system.append({"type": "text", "text": blocks_text(item.blocks)})
+            continue
+        if item.kind is ItemKind.ASSISTANT:
+            answer_pending()
+            content = [c for b in item.blocks if (c := _assistant_block(b)) is not None]
+            if content:
+                turn("assistant")[2].extend(content)
+            pending.extend(b.call_id for b in item.blocks if isinstance(b, ToolUseBlock))
+            continue
+        _, results, rest = turn("user")
+        for block in item.blocks:
+            if isinstance(block, ToolResultBlock):
+                if block.call_id in pending:
+                    pending.remove(block.call_id)
+                results.append(_tool_result(block))
+            elif item.kind is not ItemKind.TOOL:
+                rest.append(_user_block(block))
+        if item.kind is not ItemKind.TOOL:
+            answer_pending()
+    answer_pending()
+    messages = [
+        {"role": role, "content": [*results, *rest]} for role, results, rest in turns if results or rest
+    ]
+    return system, messages
+
+
+def _assistant_block(block: BaseBlock) -> dict[str, Any] | None:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text} if block.text else None
+    if isinstance(block, ThinkingBlock):
+        if not block.signature:
+            return None
+        if block.redacted:
+            return {"type": "redacted_thinking", "data": block.signature}
+        return {"type": "thinking", "thinking": block.content, "signature": block.signature}
+    if isinstance(block, ToolUseBlock):
+        return {"type": "tool_use", "id": block.call_id, "name": block.tool_name, "input": block.arguments}
+    return {"type": "text", "text": blocks_text([block])}
+
+
+def _tool_result(block: ToolResultBlock) -> dict[str, Any]:
+    content: list[dict[str, Any]] = []
+    for part in block.content:
+        if isinstance(part, ImageBlock) and (source := _source(part)) is not None:
+            content.append({"type": "image", "source": source})
+        else:
+            content.append({"type": "text", "text": blocks_text([part])})
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.call_id, "content": content}
+    if block.is_error:
+        result["is_error"] = True
+    return result
+
+
+def _source(block: ImageBlock | DocumentBlock) -> dict[str, Any] | None:
+    inline = media_base64(block)
+    if inline is not None:
+        return {"type": "base64", "media_type": inline[1], "data": inline[0]}
+    if block.url:
+        return {"type": "url", "url": block.url}
+    if block.file_id:
+        return {"type": "file", "file_id": block.file_id}
+    return None
+
+
+def _user_block(block: BaseBlock) -> dict[str, Any]:
+    if isinstance(block, TextBlock):
+        return {"type": "text", "text": block.text}
+    if isinstance(block, ImageBlock | DocumentBlock) and (source := _source(block)) is not None:
+        kind = "image" if isinstance(block, ImageBlock) else "document"
+        return {"type": kind, "source": source}
+    return {"type": "text", "text": blocks_text([block])}  # audio/video: the Messages API takes none
+
+
+class _EventParser:
+    """Raw Messages stream events → `ModelEvent`s (usage is input at message_start + output at the end)."""
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._input = Usage()
+
+    def feed(self, raw: Any) -> list[ModelEvent]:
+        kind = raw.type
+        if kind == "message_start":
+            u = raw.message.usage
+            read = getattr(u, "cache_read_input_tokens", None) or 0
+            write = getattr(u, "cache_creation_input_tokens", None) or 0
+            # Anthropic's input_tokens exclude cache reads and writes; Plexus's include them.
+            self._input = Usage(
+                input_tokens=(u.input_tokens or 0) + read + write,
+                cached_tokens=read,
+                cache_write_tokens=write,
+            )
+            return [UsageEvent(self._input)]
+        if kind == "content_block_start":
+            block = raw.content_block
+            if block.type == "tool_use":
+                return [ToolCallDeltaEvent(index=raw.index, call_id=block.id, name=block.name)]
+            if block.type == "text" and block.text:
+                return [TextDeltaEvent(block.text, raw.index)]
+            if block.type == "thinking":
+                return [
+                    ReasoningDeltaEvent(
+                        text=block.thinking or "", signature=block.signature or "", index=raw.index
+                    )
+                ]
+            if block.type == "redacted_thinking":
+                return [ReasoningDeltaEvent(signature=block.data, index=raw.index, redacted=True)]
+            return []
+        if kind == "content_block_delta":
+            delta = raw.delta
+            if delta.type == "text_delta":
+                return [TextDeltaEvent(delta.text, raw.index)]
+            if delta.type == "input_json_delta":
+                return [ToolCallDeltaEvent(index=raw.index, arguments=delta.partial_json)]
+            if delta.type == "thinking_delta":
+                return [ReasoningDeltaEvent(text=delta.thinking, index=raw.index)]
+            if delta.type == "signature_delta":
+                return [ReasoningDeltaEvent(signature=delta.signature, index=raw.index)]
+            return []
+        if kind == "message_delta":
+            out: list[ModelEvent] = []
+            output = getattr(raw.usage, "output_tokens", None) or 0
+            out.append(UsageEvent(self._input + Usage(output_tokens=output)))
+            if raw.delta.stop_reason:
+                out.append(FinishEvent(FinishReason.from_provider("anthropic", raw.delta.stop_reason)))
+            return out
+        if kind == "message_stop":
+            self.stopped = True
+        return []
+
+
+def _map_error(exc: anthropic.APIError) -> ProviderError:
+    message = str(getattr(exc, "message", "") or exc)
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        if isinstance(exc, anthropic.RateLimitError):
+            return RateLimitError(message, "anthropic", status, _retry_after(exc.response))
+        if isinstance(exc, anthropic.AuthenticationError | anthropic.PermissionDeniedError):
+            return AuthenticationError(message, "anthropic", status)
+        if status in (400, 413) and "too long" in message.lower():
+            return ContextTooLongError(message, "anthropic", status)
+        if status >= 500:
+            return ProviderUnavailableError(message, "anthropic", status)
+        return BadRequestError(message, "anthropic", status)
+    return ProviderUnavailableError(message, "anthropic", 0)
