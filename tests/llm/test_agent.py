@@ -186,3 +186,20 @@ async def test_tool_returning_data_and_transcript_in_state(
     stored = [Item.model_validate(d) for d in agents[0].state[TRANSCRIPT_KEY]]
     assert [i.kind.value for i in stored] == ["user", "assistant", "tool", "assistant"]
     assert isinstance(stored[1].blocks[0], ToolUseBlock)
+
+
+async def test_compaction_pipeline_runs_before_each_model_call(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    from plexus.llm import CompactionPipeline, KeepRecent
+
+    model = ScriptedModel([ScriptedTurn(text=f"a{i}") for i in range(3)])
+    app = App()
+    pipeline = CompactionPipeline([KeepRecent(3)], max_items=3)
+    app.register("assistant", lambda _id: LLMAgent(model, system="S", compaction=pipeline))
+    await start_worker(app)
+    for i in range(3):
+        await _ask(runtime, app, "k7", f"q{i}")
+    # The system prompt is added per request; the stored transcript is cut to its last 3 items.
+    assert [i.text for i in model.requests[1].items] == ["S", "q0", "a0", "q1"]
+    assert [i.text for i in model.requests[2].items] == ["S", "q1", "a1", "q2"]

@@ -8,6 +8,7 @@ Public API (the ``_modules`` are private):
 - adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``),
   `AnthropicModel` (Messages API)
 - the loop: `LLMAgent` (journaled steps `LlmStep`), tools (`tool`, `Tool`, `ToolRegistry`)
+- compaction: `CompactionPipeline` and its strategies (tool pairs never split)
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
@@ -17,6 +18,15 @@ from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
 from ._agent import FINISH_KEY, TRANSCRIPT_KEY, LLMAgent, ModelFinishedWithError
 from ._anthropic import AnthropicModel, anthropic_messages, anthropic_request
 from ._client import ModelClient, ModelRequest, ToolSpec, complete
+from ._compaction import (
+    CompactionPipeline,
+    CompactionStrategy,
+    DropFailedToolResults,
+    DropReasoning,
+    KeepRecent,
+    SummarizeOlder,
+    safe_cuts,
+)
 from ._errors import (
     AuthenticationError,
     BadRequestError,
@@ -46,8 +56,13 @@ __all__ = [
     "AnthropicModel",
     "AuthenticationError",
     "BadRequestError",
+    "CompactionPipeline",
+    "CompactionStrategy",
     "ContextTooLongError",
+    "DropFailedToolResults",
+    "DropReasoning",
     "FinishEvent",
+    "KeepRecent",
     "LLMAgent",
     "LlmStep",
     "ModelClient",
@@ -62,6 +77,7 @@ __all__ = [
     "ReasoningDeltaEvent",
     "ScriptedModel",
     "ScriptedTurn",
+    "SummarizeOlder",
     "TextDeltaEvent",
     "Tool",
     "ToolArgumentsError",
@@ -75,6 +91,7 @@ __all__ = [
     "complete",
     "openai_messages",
     "openai_request",
+    "safe_cuts",
     "tool",
     "tool_output_blocks",
 ]

@@ -37,6 +37,7 @@ from plexus.runtime import Agent, Context
 
 from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
 from ._client import ModelClient, ModelRequest
+from ._compaction import CompactionPipeline
 from ._errors import ProviderError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal
@@ -73,6 +74,7 @@ class LLMAgent(Agent):
         max_tokens: int = 1024,
         temperature: float | None = None,
         journal: bool = True,
+        compaction: CompactionPipeline | None = None,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -84,6 +86,7 @@ class LLMAgent(Agent):
         self.max_tokens = max_tokens
         self.temperature = temperature
         self.journal_enabled = journal
+        self.compaction = compaction
 
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
@@ -95,6 +98,10 @@ class LLMAgent(Agent):
         last: ModelTurn | None = None
         for _ in range(self.max_turns):
             await ctx.check()
+            if self.compaction is not None:
+                # Deterministic strategies give the same result when a crash-retried handler replays.
+                last_input = last.usage.input_tokens if last is not None else None
+                items = await self.compaction.run(items, last_input)
             turn = await self._model_step(ctx, items, journal, step)
             step += 1
             items.append(turn.item)
