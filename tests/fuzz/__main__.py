@@ -20,6 +20,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--seed", type=int, default=None, help="replay this seed (default: a random one)")
     parser.add_argument("--workdir", type=Path, default=None, help="keep server store and service logs here")
+    parser.add_argument(
+        "--keep-going", action="store_true", help="record failures and go on (until a process exits)"
+    )
     args = parser.parse_args(argv)
     if args.messages < 1:
         parser.error("--messages must be at least 1")
@@ -27,7 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fuzz: seed {seed}, {args.messages} messages", flush=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="plexus-fuzz-"))
     try:
-        report = asyncio.run(fuzz(seed, args.messages, workdir))
+        report = asyncio.run(fuzz(seed, args.messages, workdir, args.keep_going))
     except FuzzFailure as exc:
         print(f"fuzz: FAILED\n{exc}\nlogs in {workdir}", file=sys.stderr)
         return 1

@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from plexus.core import AgentId, TextBlock, TopicId
 from plexus.runtime import NatsServer, Runtime, TypeSubscription
 
-from .mutate import Shot, shot
+from .mutate import KEYS, Shot, shot
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTED_DURABLE = ("echo", "spawner", "listener")
@@ -48,18 +48,25 @@ class Report:
     kinds: Counter[str] = field(default_factory=Counter)
     orchestrator_codes: Counter[str] = field(default_factory=Counter)
     liveness_rounds: int = 0
+    max_redelivered: int = 0
+    failures: list[str] = field(default_factory=list)
 
     def summary(self) -> str:
         rate = self.messages / self.seconds if self.seconds else 0.0
         return (
             f"fuzz seed={self.seed}: {self.messages} messages in {self.seconds:.1f}s ({rate:,.0f}/s), "
             f"{self.liveness_rounds} liveness rounds; by target {dict(self.kinds)}; "
-            f"orchestrator error codes {dict(self.orchestrator_codes)}"
+            f"orchestrator error codes {dict(self.orchestrator_codes)}; "
+            f"most redelivered-and-pending messages on one consumer {self.max_redelivered}"
+            + (f"; {len(self.failures)} FAILURES (kept going)" if self.failures else "")
         )
 
 
 class Harness:
-    def __init__(self, seed: int, messages: int, workdir: Path) -> None:
+    def __init__(self, seed: int, messages: int, workdir: Path, keep_going: bool = False) -> None:
+        self.keep_going = keep_going
+        self.log_offsets: dict[str, int] = {}
+        self.sent: dict[str, Shot] = {}  # reply subject -> the request it answers (this batch)
         self.seed = seed
         self.messages = messages
         self.workdir = workdir
@@ -75,7 +82,8 @@ class Harness:
         assert self.server is not None
         log = (self.workdir / f"{name}.log").open("wb")
         cmd = [sys.executable, "-m", "plexus.runtime.cli", *args, "--nats", self.server.url]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        path = os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)
+        env = {**os.environ, "PYTHONPATH": path}
         self.procs[name] = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
     async def run(self) -> Report:
@@ -96,9 +104,12 @@ class Harness:
                 finally:
                     await raw.close()
                 await self._quiesce(rt)
+                await self._fuzzed_keys_serve(rt)
             finally:
                 await rt.close()
             self._check_logs()
+            if self.report.failures:
+                raise FuzzFailure("\n\n".join(self.report.failures))
         finally:
             self.report.seconds = time.monotonic() - started
             for proc in self.procs.values():
@@ -119,7 +130,7 @@ class Harness:
                     await self._liveness(rt)
                     return
             await asyncio.sleep(0.2)
-        self._fail("the worker and orchestrator did not become ready")
+        raise FuzzFailure(f"fuzz seed {self.seed}: the worker and orchestrator did not become ready")
 
     # -- firing ---------------------------------------------------------------------------------------
     async def _fire(self, rt: Runtime, raw: NATS) -> None:
@@ -138,12 +149,15 @@ class Harness:
                 one = shot(self.rng, rt.subjects, f"{inbox}.r{sent}")
                 self.recent.append(one)
                 self.report.kinds[one.kind] += 1
+                self.sent[f"{inbox}.a{sent}"] = one
                 await self._send(raw, js, one, f"{inbox}.a{sent}")
                 sent += 1
             await raw.flush()
             await asyncio.sleep(0.3)  # let answers arrive before they are checked
             self._check_answers(answers)
             answers.clear()
+            self.sent.clear()
+            self._check_logs()
             await self._liveness(rt)
 
     async def _send(self, raw: NATS, js: Any, one: Shot, reply: str) -> None:
@@ -167,7 +181,9 @@ class Harness:
             if code:
                 self.report.orchestrator_codes[code] += 1
                 if code.startswith("5"):
-                    self._fail(f"orchestrator answered {code}: {msg.data[:300]!r}")
+                    one = self.sent.get(msg.subject)
+                    what = one.describe(full=True) if one else "(request not identified)"
+                    self._fail(f"orchestrator answered {code}: {msg.data[:300]!r}\n  to: {what}")
 
     # -- checks ---------------------------------------------------------------------------------------
     async def _liveness(self, rt: Runtime) -> None:
@@ -214,24 +230,52 @@ class Harness:
                 hosted = any(f"__{t}__" in name for t in HOSTED_DURABLE)
                 if hosted and (info.num_pending or info.num_ack_pending):
                     stuck[name] = (info.num_pending, info.num_ack_pending)
+                if hosted:
+                    self.report.max_redelivered = max(self.report.max_redelivered, info.num_redelivered or 0)
             if not stuck:
                 return
             await asyncio.sleep(1)
         self._fail(f"messages never acked (consumer: pending, ack pending): {stuck}")
 
+    async def _fuzzed_keys_serve(self, rt: Runtime) -> None:
+        """The agents the fuzz aimed at still answer (none wedged by a junk EventLog entry, a forged
+        reply, a fenced commit, ...)."""
+        blocks = [TextBlock(text="still serving")]
+        for agent_type in ("echo", "echo-eph"):
+            for key in KEYS:
+                try:
+                    async with asyncio.timeout(30):
+                        got = await rt.send_message(blocks, AgentId(agent_type, key), timeout=20)
+                    assert got == blocks, got
+                except Exception as exc:
+                    self._fail(f"fuzzed agent {agent_type}/{key} no longer answers: {exc!r}")
+
     def _check_logs(self) -> None:
+        """A traceback in a service log fails the run; logs are read incrementally so the batch is known."""
         for name in self.procs:
-            text = (self.workdir / f"{name}.log").read_text(errors="replace")
+            path = self.workdir / f"{name}.log"
+            with path.open("rb") as f:
+                f.seek(self.log_offsets.get(name, 0))
+                chunk = f.read()
+            # Only complete lines: a traceback half-written now is read whole next time.
+            end = chunk.rfind(b"\n") + 1
+            self.log_offsets[name] = self.log_offsets.get(name, 0) + end
+            text = chunk[:end].decode(errors="replace")
             if "Traceback" in text:
                 at = text.index("Traceback")
-                self._fail(f"a traceback in the {name} log:\n{text[max(at - 200, 0) : at + 2500]}")
+                self._fail(f"a traceback in the {name} log:\n{text[max(at - 300, 0) : at + 2500]}")
 
     def _fail(self, what: str) -> None:
         last = "\n  ".join(s.describe() for s in list(self.recent)[-5:])
-        raise FuzzFailure(
+        text = (
             f"fuzz seed {self.seed}, batch {self.batch}: {what}\n  last inputs:\n  {last}\n"
             f"  replay: python -m tests.fuzz --seed {self.seed} --messages {self.messages}"
         )
+        if self.keep_going and not any(p.poll() is not None for p in self.procs.values()):
+            print(f"fuzz: FAILURE (keeping going)\n{text}\n", file=sys.stderr, flush=True)
+            self.report.failures.append(text)
+            return
+        raise FuzzFailure(text)
 
 
 async def _consumers(rt: Runtime) -> Any:
@@ -240,5 +284,7 @@ async def _consumers(rt: Runtime) -> Any:
         yield info
 
 
-async def fuzz(seed: int, messages: int, workdir: Path) -> Report:
-    return await Harness(seed, messages, workdir).run()
+async def fuzz(seed: int, messages: int, workdir: Path, keep_going: bool = False) -> Report:
+    """Run the harness once; raises `FuzzFailure` on the first failure (on all of them, at the end,
+    with `keep_going`)."""
+    return await Harness(seed, messages, workdir, keep_going).run()

@@ -31,7 +31,21 @@ from plexus.runtime._subjects import Subjects
 
 #: Keys the fuzzer aims at (the liveness rounds use keys of their own, so they never meet fuzzed state).
 KEYS = [f"f{i}" for i in range(8)]
+#: Odd keys: long (escaped subjects near and past the server's limits), dots, wildcards, spaces, non-ASCII.
+ODD_KEYS = ["k" * 200, "k" * 1000, "k" * 4000, "a.b", "*", ">", "sp ace", "ключ", ""]
 TYPES = ["echo", "echo-eph", "spawner", "listener", "ghost"]
+#: Reply addresses a worker must refuse: too long for a control line, wildcards, spaces, empty, and
+#: Plexus's own state subjects (another agent's EventLog or inbox, a budget counter).
+HOSTILE_REPLIES = [
+    "_INBOX." + "y" * 5000,
+    "_INBOX.*",
+    "_INBOX.>",
+    "_INBOX.a b",
+    "",
+    "px.default.evlog.echo.f1",
+    "px.default.in.echo.f2",
+    "px.default.ctr.run_x.tokens",
+]
 
 
 @dataclass
@@ -47,9 +61,12 @@ class Shot:
     reply: bool = False
     notes: list[str] = field(default_factory=list)
 
-    def describe(self) -> str:
-        head, headers = self.data[:120], repr(self.headers)[:160]
-        return f"{self.kind} {self.subject[:80]!r} {len(self.data)}B {head!r} headers={headers} {self.notes}"
+    def describe(self, full: bool = False) -> str:
+        """One line for a failure report; `full` keeps the whole body (up to 4 KB) so it can be replayed."""
+        head = self.data[:4096] if full else self.data[:120]
+        headers = repr(self.headers)[: 6000 if full else 160]
+        subject = self.subject if full else self.subject[:80]
+        return f"{self.kind} {subject!r} {len(self.data)}B {head!r} headers={headers} {self.notes}"
 
 
 def _envelope(rng: random.Random, target: str, inbox: str) -> Envelope:
@@ -59,7 +76,7 @@ def _envelope(rng: random.Random, target: str, inbox: str) -> Envelope:
         kind=rng.choice(["send", "send", "publish", "spawn"]),
         target=target,
         sender=rng.choice([None, "echo/f1", "spawner/f2"]),
-        reply_to=rng.choice([None, inbox]),
+        reply_to=rng.choice([None, inbox, inbox, rng.choice(HOSTILE_REPLIES)]),
         payload=payload_from_blocks([TextBlock(text=rng.choice(["hi", "x" * rng.randint(0, 300)]))]),
         run=rng.choice(
             [
@@ -75,7 +92,7 @@ def _envelope(rng: random.Random, target: str, inbox: str) -> Envelope:
 def _orch_body(rng: random.Random, verb: str) -> bytes:
     run_id = str(RunId.new())
     payload = payload_from_blocks([TextBlock(text="go")])
-    agent = f"{rng.choice(TYPES)}/{rng.choice(KEYS)}"
+    agent = f"{rng.choice(TYPES)}/{rng.choice(KEYS + ODD_KEYS[:3])}"
     makers: dict[str, Callable[[], Any]] = {
         "start": lambda: StartRunRequest(agent_id=agent, payload=payload, run_id=rng.choice([None, run_id])),
         "spawn": lambda: SpawnRequest(
@@ -157,6 +174,30 @@ def _json_field(rng: random.Random, data: bytes) -> bytes:
     return json.dumps(obj).encode(errors="surrogatepass") if isinstance(obj, dict) else data
 
 
+def _odd_blocks(rng: random.Random, data: bytes) -> bytes:
+    """Replace the payload with blocks the receiver may not know or that do not validate."""
+    blocks = rng.choice(
+        [
+            [{"type": "hologram", "x": 1}],
+            [{"type": "text"}],
+            [{"type": "text", "text": 5}],
+            [{"type": 7}],
+            [{}],
+            [[]],
+            {"type": "text", "text": "not a list"},
+            [{"type": "image", "url": "file:///etc/passwd", "mime_type": "x" * 5000}],
+        ]
+    )
+    try:
+        obj = json.loads(data)
+    except ValueError:
+        return data
+    if not isinstance(obj, dict):
+        return data
+    obj["payload"] = blocks
+    return json.dumps(obj).encode()
+
+
 def _huge_int(rng: random.Random, data: bytes) -> bytes:
     return data.replace(b'"v":1', b'"v":' + b"9" * rng.choice([20, 500, 5000]), 1)
 
@@ -169,6 +210,7 @@ MUTATIONS: list[Callable[[random.Random, bytes], bytes]] = [
     _json_field,
     _json_field,
     _huge_int,
+    _odd_blocks,
 ]
 
 
@@ -191,10 +233,20 @@ def _headers(rng: random.Random, env_id: str) -> dict[str, str] | None:
 # -- shots -----------------------------------------------------------------------------------------------
 
 
+def _subject(build: Callable[[str, str], str], base: str, verb: str, agent_type: str, key: str) -> str:
+    """The subject Plexus would use; for a key it refuses (too long, empty), the raw unescaped subject a
+    hostile client would use instead."""
+    try:
+        return build(agent_type, key)
+    except Exception:
+        return f"{base}.{verb}.{agent_type}.{key}"
+
+
 def shot(rng: random.Random, subjects: Subjects, inbox: str) -> Shot:
     """One fuzzed message for a randomly chosen reachable subject."""
     kind = rng.choice(["inbox"] * 4 + ["eph"] * 2 + ["orch"] * 2 + ["ctl", "topic", "evlog", "ctr"])
-    agent_type, key = rng.choice(TYPES), rng.choice(KEYS)
+    agent_type = rng.choice(TYPES)
+    key = rng.choice(KEYS) if rng.random() < 0.95 else rng.choice(ODD_KEYS)
     if kind in ("inbox", "eph"):
         env = _envelope(rng, f"{agent_type}/{key}" if rng.random() < 0.9 else f"{rng.choice(TYPES)}/x", inbox)
         data = encode_envelope(env)
@@ -205,8 +257,10 @@ def shot(rng: random.Random, subjects: Subjects, inbox: str) -> Shot:
             data = mutation(rng, data)
         headers = _headers(rng, env.id)
         if kind == "inbox":
-            return Shot(kind, subjects.inbox(agent_type, key), data, headers, jetstream=True, notes=notes)
-        return Shot(kind, subjects.ephemeral(agent_type, key), data, headers, reply=True, notes=notes)
+            subject = _subject(subjects.inbox, subjects.base, "in", agent_type, key)
+            return Shot(kind, subject, data, headers, jetstream=True, notes=notes)
+        subject = _subject(subjects.ephemeral, subjects.base, "eph", agent_type, key)
+        return Shot(kind, subject, data, headers, reply=True, notes=notes)
     if kind == "orch":
         verb = rng.choice(["start", "spawn", "finished", "crashed", "cancel", "get"])
         data = _orch_body(rng, verb)
@@ -226,11 +280,14 @@ def shot(rng: random.Random, subjects: Subjects, inbox: str) -> Shot:
         data = rng.choice(MUTATIONS)(rng, msgspec.json.encode(notice))
         return Shot("ctl", subjects.control(verb, root), data)
     if kind == "topic":
-        return Shot("topic", subjects.topic("fuzz", key), rng.choice(MUTATIONS)(rng, b'{"v":1}'))
+        env = _envelope(rng, f"listener/{key}", inbox)
+        data = rng.choice(MUTATIONS)(rng, encode_envelope(env))
+        subject = _subject(subjects.topic, subjects.base, "topic", "fuzz", key)
+        return Shot("topic", subject, data, _headers(rng, env.id))
     if kind == "evlog":
         return Shot(
             "evlog",
-            subjects.evlog(agent_type, key),
+            _subject(subjects.evlog, subjects.base, "evlog", agent_type, key),
             rng.choice(MUTATIONS)(rng, b'[{"type":"reply"}]'),
             jetstream=True,
         )
