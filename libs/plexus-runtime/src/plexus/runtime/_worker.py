@@ -390,9 +390,9 @@ class Worker:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
         activation = await self._activations.activate(agent_id, agent_type)
         seen, stored_reply = activation.reply_for(env.id)
-        if not seen and env.metadata.get(RESEND) == "1":
-            # A resend of a message this agent no longer remembers (or never got): answering by running the
-            # handler could run it twice, so the caller gets a typed error instead.
+        if env.metadata.get(RESEND) == "1" and stored_reply is None:
+            # A resend of a message this agent no longer remembers (or whose reply it did not keep): answering
+            # by running the handler could run it twice, so the caller gets a typed error instead.
             error = ProtocolError(f"message {env.id} was handled but its reply is no longer kept")
             if work.reply_to:
                 await self._publish_reply(
