@@ -9,6 +9,8 @@ Public API (the ``_modules`` are private):
   `AnthropicModel` (Messages API)
 - the loop: `LLMAgent` (journaled steps `LlmStep`), tools (`tool`, `Tool`, `ToolRegistry`)
 - compaction: `CompactionPipeline` and its strategies (tool pairs never split)
+- middleware at the turn, model-call and tool-call stages: `Middleware`, `ProviderRetry`, `RateLimit`,
+  `ToolOutputLimit`
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
@@ -44,6 +46,7 @@ from ._events import (
     UsageEvent,
 )
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
+from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._scripted import ScriptedModel, ScriptedTurn
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
@@ -65,6 +68,8 @@ __all__ = [
     "KeepRecent",
     "LLMAgent",
     "LlmStep",
+    "Middleware",
+    "ModelCall",
     "ModelClient",
     "ModelEvent",
     "ModelFinishedWithError",
@@ -72,7 +77,9 @@ __all__ = [
     "ModelTurn",
     "OpenAIChatModel",
     "ProviderError",
+    "ProviderRetry",
     "ProviderUnavailableError",
+    "RateLimit",
     "RateLimitError",
     "ReasoningDeltaEvent",
     "ScriptedModel",
@@ -81,9 +88,12 @@ __all__ = [
     "TextDeltaEvent",
     "Tool",
     "ToolArgumentsError",
+    "ToolCall",
     "ToolCallDeltaEvent",
+    "ToolOutputLimit",
     "ToolRegistry",
     "ToolSpec",
+    "Turn",
     "TurnAccumulator",
     "UsageEvent",
     "anthropic_messages",

@@ -9,6 +9,7 @@ the orchestrator's tree budget stops a runaway tree on any worker.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Sequence
@@ -41,6 +42,7 @@ from ._compaction import CompactionPipeline
 from ._errors import ProviderError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal
+from ._middleware import Middleware, ModelCall, ToolCall, Turn, chain
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool_output_blocks
 
 __all__ = ["FINISH_KEY", "TRANSCRIPT_KEY", "LLMAgent", "ModelFinishedWithError"]
@@ -75,6 +77,7 @@ class LLMAgent(Agent):
         temperature: float | None = None,
         journal: bool = True,
         compaction: CompactionPipeline | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -87,6 +90,7 @@ class LLMAgent(Agent):
         self.temperature = temperature
         self.journal_enabled = journal
         self.compaction = compaction
+        self.middleware = list(middleware)
 
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
@@ -94,6 +98,7 @@ class LLMAgent(Agent):
         history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
         items = [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
         step = 0
+        turns = 0
         finish = "max_turns"
         last: ModelTurn | None = None
         for _ in range(self.max_turns):
@@ -102,14 +107,19 @@ class LLMAgent(Agent):
                 # Deterministic strategies give the same result when a crash-retried handler replays.
                 last_input = last.usage.input_tokens if last is not None else None
                 items = await self.compaction.run(items, last_input)
-            turn = await self._model_step(ctx, items, journal, step)
+            outcome: list[ModelTurn | Item] = []
+            iteration = functools.partial(self._iteration, journal=journal, step=step, outcome=outcome)
+            await chain("turn", self.middleware, iteration)(Turn(ctx, tuple(items), turns))
+            turns += 1
+            turn = outcome[0]
+            assert isinstance(turn, ModelTurn)
             step += 1
             items.append(turn.item)
             last = turn
             kind = turn.finish_reason.kind
-            if kind is FinishReasonKind.TOOL_CALL and turn.tool_calls:
-                await ctx.check()
-                tool_item = await self._tool_step(ctx, turn.tool_calls, journal, step)
+            if len(outcome) == 2:
+                tool_item = outcome[1]
+                assert isinstance(tool_item, Item)
                 step += 1
                 items.append(tool_item)
                 if any(isinstance(b, ToolResultBlock) and b.terminate for b in tool_item.blocks):
@@ -130,6 +140,16 @@ class LLMAgent(Agent):
         await ctx.emit_progress(AgentStep.DONE, metadata={"finish": finish, "steps": step})
         return _reply(last, finish)
 
+    async def _iteration(
+        self, turn: Turn, *, journal: Journal | None, step: int, outcome: list[ModelTurn | Item]
+    ) -> None:
+        """One model call and, when it asks for tools, the tool step; results go to ``outcome``."""
+        model_turn = await self._model_step(turn.ctx, list(turn.items), journal, step)
+        outcome.append(model_turn)
+        if model_turn.finish_reason.kind is FinishReasonKind.TOOL_CALL and model_turn.tool_calls:
+            await turn.ctx.check()
+            outcome.append(await self._tool_step(turn.ctx, model_turn.tool_calls, journal, step + 1))
+
     async def _model_step(
         self, ctx: Context, items: list[Item], journal: Journal | None, step: int
     ) -> ModelTurn:
@@ -145,7 +165,12 @@ class LLMAgent(Agent):
             temperature=self.temperature,
         )
         started = time.monotonic()
-        turn = await _race_cancellation(ctx, self._stream_turn(ctx, request))
+
+        async def call_model(call: ModelCall) -> ModelTurn:
+            return await _race_cancellation(ctx, self._stream_turn(ctx, call.request))
+
+        call = chain("model", self.middleware, call_model)
+        turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model))
         if journal is not None:
             await journal.append(step, turn.item, turn.usage, turn.finish_reason)
         run_id = ctx.run_id or ctx.message_id
@@ -206,7 +231,11 @@ class LLMAgent(Agent):
             )
         )
         await ctx.emit_progress(AgentStep.TOOL_CALL, [call])
-        result = await self._execute(ctx, call)
+
+        async def execute(context: ToolCall) -> ToolResultBlock:
+            return await self._execute(context.ctx, context.call)
+
+        result: ToolResultBlock = await chain("tool", self.middleware, execute)(ToolCall(ctx, call))
         error = next((b for b in result.content if isinstance(b, ErrorBlock)), None)
         ctx.record(
             RunToolResult(
