@@ -10,7 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from .harness import FuzzFailure, fuzz
+from .found import found_inputs
+from .harness import FuzzFailure, fuzz, replay
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -23,6 +24,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--keep-going", action="store_true", help="record failures and go on (until a process exits)"
     )
+    parser.add_argument(
+        "--found",
+        action="store_true",
+        help="replay the inputs in tests/fuzz/found.py instead",
+    )
     args = parser.parse_args(argv)
     if args.messages < 1:
         parser.error("--messages must be at least 1")
@@ -30,7 +36,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fuzz: seed {seed}, {args.messages} messages", flush=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="plexus-fuzz-"))
     try:
-        report = asyncio.run(fuzz(seed, args.messages, workdir, args.keep_going))
+        if args.found:
+            report = asyncio.run(replay(found_inputs, workdir, args.keep_going))
+        else:
+            report = asyncio.run(fuzz(seed, args.messages, workdir, args.keep_going))
     except FuzzFailure as exc:
         print(f"fuzz: FAILED\n{exc}\nlogs in {workdir}", file=sys.stderr)
         return 1

@@ -18,6 +18,7 @@ import sys
 import time
 import urllib.request
 from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, TextBlock, TopicId
-from plexus.runtime import NatsServer, Runtime, TypeSubscription
+from plexus.runtime import NatsServer, Runtime, Subjects, TypeSubscription
 
 from .mutate import KEYS, Shot, shot
 
@@ -63,8 +64,16 @@ class Report:
 
 
 class Harness:
-    def __init__(self, seed: int, messages: int, workdir: Path, keep_going: bool = False) -> None:
+    def __init__(
+        self,
+        seed: int,
+        messages: int,
+        workdir: Path,
+        keep_going: bool = False,
+        fixed: Callable[[Subjects, str], list[Shot]] | None = None,
+    ) -> None:
         self.keep_going = keep_going
+        self.fixed = fixed  # replay these inputs (built for the run's subjects and reply prefix) instead
         self.log_offsets: dict[str, int] = {}
         self.sent: dict[str, Shot] = {}  # reply subject -> the request it answers (this batch)
         self.seed = seed
@@ -143,10 +152,13 @@ class Harness:
         await raw.subscribe(inbox + ".>", cb=collect)
         js = raw.jetstream()
         sent = 0
+        fixed = self.fixed(rt.subjects, inbox) if self.fixed is not None else None
+        if fixed is not None:
+            self.messages = self.report.messages = len(fixed)
         while sent < self.messages:
             self.batch += 1
             for _ in range(min(BATCH, self.messages - sent)):
-                one = shot(self.rng, rt.subjects, f"{inbox}.r{sent}")
+                one = fixed[sent] if fixed is not None else shot(self.rng, rt.subjects, f"{inbox}.r{sent}")
                 self.recent.append(one)
                 self.report.kinds[one.kind] += 1
                 self.sent[f"{inbox}.a{sent}"] = one
@@ -288,3 +300,10 @@ async def fuzz(seed: int, messages: int, workdir: Path, keep_going: bool = False
     """Run the harness once; raises `FuzzFailure` on the first failure (on all of them, at the end,
     with `keep_going`)."""
     return await Harness(seed, messages, workdir, keep_going).run()
+
+
+async def replay(
+    inputs: Callable[[Subjects, str], list[Shot]], workdir: Path, keep_going: bool = False
+) -> Report:
+    """Send fixed inputs (`found.found_inputs`) in one batch, then run every check of a fuzz run."""
+    return await Harness(0, 0, workdir, keep_going, fixed=inputs).run()
