@@ -11,6 +11,7 @@ Public API (the ``_modules`` are private):
 - compaction: `CompactionPipeline` and its strategies (tool pairs never split)
 - middleware at the turn, model-call and tool-call stages: `Middleware`, `ProviderRetry`, `RateLimit`,
   `ToolOutputLimit`
+- durable approvals: ``@tool(needs_approval=True)``, `approve`
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
@@ -19,6 +20,14 @@ from __future__ import annotations
 from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
 from ._agent import FINISH_KEY, TRANSCRIPT_KEY, LLMAgent, ModelFinishedWithError
 from ._anthropic import AnthropicModel, anthropic_messages, anthropic_request
+from ._approvals import (
+    APPROVAL_KEY,
+    PENDING_KEY,
+    ApprovalPendingError,
+    NoPendingApprovalError,
+    approval_blocks,
+    approve,
+)
 from ._client import ModelClient, ModelRequest, ToolSpec, complete
 from ._compaction import (
     CompactionPipeline,
@@ -52,11 +61,14 @@ from ._scripted import ScriptedModel, ScriptedTurn
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
 
 __all__ = [
+    "APPROVAL_KEY",
     "FINISH_KEY",
     "INVALID_ARGUMENTS_KEY",
     "JOURNAL_SEQ_KEY",
+    "PENDING_KEY",
     "TRANSCRIPT_KEY",
     "AnthropicModel",
+    "ApprovalPendingError",
     "AuthenticationError",
     "BadRequestError",
     "CompactionPipeline",
@@ -75,6 +87,7 @@ __all__ = [
     "ModelFinishedWithError",
     "ModelRequest",
     "ModelTurn",
+    "NoPendingApprovalError",
     "OpenAIChatModel",
     "ProviderError",
     "ProviderRetry",
@@ -98,6 +111,8 @@ __all__ = [
     "UsageEvent",
     "anthropic_messages",
     "anthropic_request",
+    "approval_blocks",
+    "approve",
     "complete",
     "openai_messages",
     "openai_request",

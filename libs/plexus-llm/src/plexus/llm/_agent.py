@@ -19,6 +19,7 @@ from plexus.core import (
     AgentStep,
     BaseBlock,
     CancellationError,
+    DataBlock,
     ErrorBlock,
     FinishReasonKind,
     Item,
@@ -37,6 +38,7 @@ from plexus.core import (
 from plexus.runtime import Agent, Context
 
 from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
+from ._approvals import PENDING_KEY, ApprovalPendingError, NoPendingApprovalError, approval_of
 from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
 from ._errors import ProviderError
@@ -91,13 +93,43 @@ class LLMAgent(Agent):
         self.journal_enabled = journal
         self.compaction = compaction
         self.middleware = list(middleware)
+        #: Decisions on approval-gated calls while a resumed tool step runs (call id -> decision).
+        self._decisions: dict[str, dict[str, Any]] = {}
 
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
         journal = await Journal.open(ctx, self.state) if self.journal_enabled else None
         history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
-        items = [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
+        decision = approval_of(blocks)
+        pending = self.state.get(PENDING_KEY)
         step = 0
+        if pending is not None:
+            if decision is None or decision["call_id"] not in pending["calls"]:
+                calls = list(pending["calls"])
+                if decision is not None:
+                    raise NoPendingApprovalError(
+                        f"call {decision['call_id']!r} awaits no approval", decision["call_id"]
+                    )
+                raise ApprovalPendingError(f"awaiting approval of tool calls {calls}", calls)
+            pending["decisions"][decision["call_id"]] = decision
+            if set(pending["decisions"]) != set(pending["calls"]):
+                return _awaiting(pending)
+            # Every pending call is decided: run the tool step of the suspended turn, then go on.
+            calls_made = [b for b in history[-1].blocks if isinstance(b, ToolUseBlock)]
+            self._decisions = dict(pending["decisions"])
+            try:
+                resumed = await self._tool_step(ctx, calls_made, journal, step)
+            finally:
+                self._decisions = {}
+            del self.state[PENDING_KEY]
+            step += 1
+            items = [*history, resumed]
+        elif decision is not None:
+            raise NoPendingApprovalError(
+                f"call {decision['call_id']!r} awaits no approval", decision["call_id"]
+            )
+        else:
+            items = [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
         turns = 0
         finish = "max_turns"
         last: ModelTurn | None = None
@@ -117,6 +149,12 @@ class LLMAgent(Agent):
             items.append(turn.item)
             last = turn
             kind = turn.finish_reason.kind
+            if (
+                len(outcome) == 1
+                and kind is FinishReasonKind.TOOL_CALL
+                and self._needs_approval(turn.tool_calls)
+            ):
+                return await self._suspend(ctx, items, journal, turn, step)
             if len(outcome) == 2:
                 tool_item = outcome[1]
                 assert isinstance(tool_item, Item)
@@ -140,13 +178,39 @@ class LLMAgent(Agent):
         await ctx.emit_progress(AgentStep.DONE, metadata={"finish": finish, "steps": step})
         return _reply(last, finish)
 
+    def _needs_approval(self, calls: list[ToolUseBlock]) -> list[str]:
+        return [
+            c.call_id for c in calls if (t := self.tools.get(c.tool_name)) is not None and t.needs_approval
+        ]
+
+    async def _suspend(
+        self, ctx: Context, items: list[Item], journal: Journal | None, turn: ModelTurn, step: int
+    ) -> list[BaseBlock]:
+        """Park the loop before the tool step: the state (checkpointed by the runtime) holds it all."""
+        calls = self._needs_approval(turn.tool_calls)
+        pending: dict[str, Any] = {"calls": calls, "decisions": {}}
+        self.state[PENDING_KEY] = pending
+        self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
+        if journal is not None:
+            self.state[JOURNAL_SEQ_KEY] = journal.seq
+        waiting = [c for c in turn.tool_calls if c.call_id in calls]
+        await ctx.emit_progress(
+            AgentStep.PAUSED, waiting, metadata={"awaiting_approval": calls, "steps": step}
+        )
+        return _awaiting(pending)
+
     async def _iteration(
         self, turn: Turn, *, journal: Journal | None, step: int, outcome: list[ModelTurn | Item]
     ) -> None:
         """One model call and, when it asks for tools, the tool step; results go to ``outcome``."""
         model_turn = await self._model_step(turn.ctx, list(turn.items), journal, step)
         outcome.append(model_turn)
-        if model_turn.finish_reason.kind is FinishReasonKind.TOOL_CALL and model_turn.tool_calls:
+        calls = model_turn.tool_calls
+        if (
+            model_turn.finish_reason.kind is FinishReasonKind.TOOL_CALL
+            and calls
+            and not self._needs_approval(calls)
+        ):
             await turn.ctx.check()
             outcome.append(await self._tool_step(turn.ctx, model_turn.tool_calls, journal, step + 1))
 
@@ -259,6 +323,11 @@ class LLMAgent(Agent):
         if t is None:
             known = ", ".join(sorted(s.name for s in self.tools.specs)) or "none"
             return _error(call, "UnknownTool", f"no tool named {call.tool_name!r} (tools: {known})")
+        if t.needs_approval:
+            decision = self._decisions.get(call.call_id)
+            if decision is None or not decision["approved"]:
+                reason = decision["reason"] if decision else "no decision"
+                return _error(call, "ApprovalDenied", f"{t.name} was not approved: {reason or 'denied'}")
         try:
             value = await t.invoke(call.arguments, ctx)
         except ToolArgumentsError as exc:
@@ -299,6 +368,16 @@ def _problem(invalid: JsonValue) -> str:
 def _error(call: ToolUseBlock, error_type: str, message: str) -> ToolResultBlock:
     block = ErrorBlock(error_type=error_type, message=message, recoverable=True)
     return ToolResultBlock(call_id=call.call_id, content=[block], is_error=True)
+
+
+def _not_pending(decision: dict[str, Any]) -> NoPendingApprovalError:
+    return NoPendingApprovalError(f"call {decision['call_id']!r} awaits no approval", decision["call_id"])
+
+
+def _awaiting(pending: dict[str, Any]) -> list[BaseBlock]:
+    waiting = [c for c in pending["calls"] if c not in pending["decisions"]]
+    data: dict[str, JsonValue] = {"status": "awaiting_approval", "call_ids": list(waiting)}
+    return [DataBlock(data=data, metadata={FINISH_KEY: "awaiting_approval"})]
 
 
 def _reply(turn: ModelTurn | None, finish: str) -> list[BaseBlock]:

@@ -42,6 +42,8 @@ class Tool:
     mode: ToolMode = "parallel"
     timeout_s: float | None = None
     schema: dict[str, JsonValue] = field(default_factory=dict)
+    #: The loop suspends before running this tool until `approve` decides (see `_approvals.py`).
+    needs_approval: bool = False
 
     @property
     def spec(self) -> ToolSpec:
@@ -80,6 +82,7 @@ def tool(
     description: str | None = None,
     mode: ToolMode = "parallel",
     timeout_s: float | None = None,
+    needs_approval: bool = False,
 ) -> Callable[[Callable[..., Any]], Tool]: ...
 
 
@@ -91,6 +94,7 @@ def tool(
     description: str | None = None,
     mode: ToolMode = "parallel",
     timeout_s: float | None = None,
+    needs_approval: bool = False,
 ) -> Tool | Callable[[Callable[..., Any]], Tool]:
     """Make a `Tool` from a function (usable bare, ``@tool``, or with options, ``@tool(mode=...)``).
 
@@ -121,6 +125,7 @@ def tool(
             mode=mode,
             timeout_s=timeout_s,
             schema=schema,
+            needs_approval=needs_approval,
         )
 
     return build(fn) if fn is not None else build
