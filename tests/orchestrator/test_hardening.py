@@ -27,7 +27,13 @@ from plexus.core import (
 )
 from plexus.orchestrator import VERBS, Orchestrator, OrchestratorConfig, SweeperConfig
 from plexus.runtime import AgentTypeInfo, NatsServer, Runtime, WorkerInfo
-from plexus.runtime._orchestration import FinishedReport, RunNotFoundError, RunStatus, orch_subject
+from plexus.runtime._orchestration import (
+    FinishedReport,
+    RunNotFoundError,
+    RunRecord,
+    RunStatus,
+    orch_subject,
+)
 from tests.runtime.conftest import REPO
 
 from .conftest import call, raw_call, until_serving
@@ -90,6 +96,30 @@ async def test_a_run_that_could_never_be_dispatched_is_refused_before_it_is_stor
     assert "cannot be addressed" in str(info.value)
     with pytest.raises(RunNotFoundError):
         await rt.get_run(run_id)
+
+
+async def test_a_stored_run_that_cannot_be_dispatched_fails_with_a_typed_reason(
+    orch: Orchestrator, rt: Runtime
+) -> None:
+    """Item 6, the stored half: a PENDING run written before validation existed (or by a foreign writer)
+    whose agent cannot be addressed was retried by the sweeper every tick with a SubjectTooLongError
+    traceback, forever. Dispatch now fails it with the typed reason."""
+    assert orch.engine is not None
+    run_id = str(RunId.new())
+    now = time.time()
+    record = RunRecord(
+        run_id=run_id, root_id=run_id, agent_id=f"echo/{'k' * 4000}", created_at=now, updated_at=now
+    )
+    await orch.engine.store.put_input(run_id, json.dumps([{"type": "text", "text": "x"}]).encode())
+    assert await orch.engine.store.create_run(record) is not None
+    await orch.engine.ensure_tree(record)
+    async with asyncio.timeout(20):  # the sweeper dispatches a PENDING root after start_grace_s
+        while (stored := await rt.get_run(run_id)).status == RunStatus.PENDING:  # noqa: ASYNC110 - KV state
+            await asyncio.sleep(0.05)
+    assert stored.status == RunStatus.FAILED
+    assert stored.error is not None
+    assert stored.error["error_type"] == "InvalidRunRequest"
+    assert "cannot be addressed" in str(KernelError.from_wire(stored.error))
 
 
 async def test_an_orchestrator_whose_connection_is_closed_for_good_exits_nonzero(tmp_path: Path) -> None:
