@@ -1,0 +1,150 @@
+"""Loop overhead of `plexus.llm.LLMAgent` per model turn, against a fake OpenAI provider on loopback.
+
+``uv run --no-sync python -m bench.llm_bench [--runs N]``: starts a nats-server, the fake provider in its own
+process (so its CPU is not counted), and an in-process worker. It measures, sequentially:
+
+- the bare SDK call: ``AsyncOpenAI.chat.completions.create(stream=True)`` and reading every chunk
+  (p50 wall time, CPU per call);
+- a Plexus run of 2 model turns + 1 tool call (a message to an `LLMAgent`, journaled, budget consumed,
+  deltas and progress published), p50 wall time and CPU per run.
+
+Overhead per turn = (run p50 - 2 x bare-call p50) / 2; CPU per turn = (run CPU - 2 x bare-call CPU) / 2.
+Both include the message's own request/reply through NATS and its commit (EventLog + checkpoint), amortised
+over the two turns. ``--no-journal`` measures the loop without its journal writes. Prints a table and one
+``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+async def _serve() -> None:
+    from tests.llm.fake_providers import FakeProvider, Sse, openai_frames
+
+    def respond(body: dict[str, Any]) -> Sse:
+        if any(m["role"] == "tool" for m in body["messages"]):
+            return Sse(openai_frames("The answer is 5."))
+        return Sse(openai_frames("Adding.", [("call_1", "add", '{"a": 2, "b": 3}')]))
+
+    async with FakeProvider(respond) as fake:
+        print(f"READY {fake.base_url}", flush=True)
+        await asyncio.Event().wait()
+
+
+async def _measure(base_url: str, runs: int, journal: bool) -> dict[str, float]:
+    import openai
+
+    from plexus.core import AgentId, TextBlock
+    from plexus.llm import LLMAgent, OpenAIChatModel, tool
+    from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    messages: Any = [{"role": "user", "content": "2+3?"}]
+
+    async def bare() -> None:
+        stream = await client.chat.completions.create(
+            model="m",
+            messages=messages,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        async for _ in stream:
+            pass
+
+    for _ in range(20):
+        await bare()
+    bare_wall: list[float] = []
+    cpu0 = time.process_time()
+    for _ in range(runs * 2):
+        t0 = time.perf_counter()
+        await bare()
+        bare_wall.append(time.perf_counter() - t0)
+    bare_cpu = (time.process_time() - cpu0) / (runs * 2)
+
+    server = NatsServer()
+    server.start()
+    try:
+        app = App()
+        app.register(
+            "bench", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], journal=journal)
+        )
+        wrt = await Runtime.connect(server.url)
+        worker = Worker(app, wrt, WorkerConfig())
+        await worker.start()
+        rt = await Runtime.connect(server.url)
+        try:
+
+            async def one(i: int) -> None:
+                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
+
+            for i in range(20):
+                await one(i)
+            run_wall: list[float] = []
+            cpu0 = time.process_time()
+            for i in range(runs):
+                t0 = time.perf_counter()
+                await one(1000 + i)
+                run_wall.append(time.perf_counter() - t0)
+            run_cpu = (time.process_time() - cpu0) / runs
+        finally:
+            await rt.close()
+            await worker.stop(drain_timeout=5)
+            await wrt.close()
+    finally:
+        server.stop()
+    bare_p50 = statistics.median(bare_wall)
+    run_p50 = statistics.median(run_wall)
+    return {
+        "llm.bare_call.p50_ms": bare_p50 * 1e3,
+        "llm.bare_call.cpu_ms": bare_cpu * 1e3,
+        "llm.run_2turns.p50_ms": run_p50 * 1e3,
+        "llm.run_2turns.cpu_ms": run_cpu * 1e3,
+        "llm.overhead_per_turn.p50_ms": (run_p50 - 2 * bare_p50) / 2 * 1e3,
+        "llm.cpu_per_turn_ms": (run_cpu - 2 * bare_cpu) / 2 * 1e3,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--runs", type=int, default=200)
+    parser.add_argument("--no-journal", action="store_true", help="measure without the per-step journal")
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.serve:
+        asyncio.run(_serve())
+        return
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.llm_bench", "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            raise SystemExit(f"fake provider did not start: {line}")
+        metrics = asyncio.run(_measure(line[1], args.runs, not args.no_journal))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    for name, value in metrics.items():
+        print(f"{name:<32} {value:8.2f}")
+    print("RESULT " + json.dumps({"metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()}}))
+
+
+if __name__ == "__main__":
+    main()
