@@ -32,6 +32,7 @@ from plexus.runtime._orchestration import (
     RunNotFoundError,
     RunRecord,
     RunStatus,
+    SpawnRequest,
     orch_subject,
 )
 from tests.runtime.conftest import REPO
@@ -120,6 +121,22 @@ async def test_a_stored_run_that_cannot_be_dispatched_fails_with_a_typed_reason(
     assert stored.error is not None
     assert stored.error["error_type"] == "InvalidRunRequest"
     assert "cannot be addressed" in str(KernelError.from_wire(stored.error))
+
+
+async def test_a_child_that_could_never_be_dispatched_is_refused_before_it_takes_a_slot(
+    orch: Orchestrator, rt: Runtime
+) -> None:
+    """Item 6 for spawns: a child whose agent cannot be addressed was admitted (a slot taken, a PENDING
+    run stored) and only then failed in the parent's worker at publish time."""
+    root = await rt.start_run(AgentId("boss", "1"), [TextBlock(text="go")])
+    spawn = SpawnRequest(
+        parent_run_id=root, root_id=root, parent_agent="boss/1", child_agent=f"echo/{'k' * 4000}"
+    )
+    with pytest.raises(KernelError) as info:
+        await call(rt, "spawn", spawn)
+    assert info.value.error_type == "InvalidRunRequest"
+    assert "cannot be addressed" in str(info.value)
+    assert (await rt.get_run(root)).children == []
 
 
 async def test_an_orchestrator_whose_connection_is_closed_for_good_exits_nonzero(tmp_path: Path) -> None:

@@ -205,7 +205,9 @@ class Engine(EngineCore):
         parent_id = v.parse_run_id("spawn", "parent_run_id", req.parent_run_id)
         root_id = v.parse_run_id("spawn", "root_id", req.root_id)
         parent_agent = str(v.parse_agent("spawn", "parent_agent", req.parent_agent))
-        child_agent = str(v.parse_agent("spawn", "child_agent", req.child_agent))
+        child_id = v.parse_agent("spawn", "child_agent", req.child_agent)
+        v.check_dispatchable("spawn", self.config.prefix, child_id)  # before it takes a slot
+        child_agent = str(child_id)
         priority = v.parse_priority("spawn", req.priority)
         wanted = v.parse_run_id("spawn", "child_run_id", req.child_run_id) if req.child_run_id else None
         parent, _ = await self.store.require_run(parent_id)
