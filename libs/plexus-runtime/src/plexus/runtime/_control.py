@@ -22,7 +22,7 @@ from ._interceptors import HandleInput, HandleNext, Interceptor
 from ._orchestration import CrashReport, attempt_counter_subject
 from ._subjects import escape_token
 
-__all__ = ["RetryInterceptor", "RunControlInterceptor"]
+__all__ = ["RetriesExhausted", "RetryInterceptor", "RunControlInterceptor"]
 
 log = logging.getLogger("plexus.worker")
 
@@ -95,6 +95,16 @@ async def _cancel_hard(task: asyncio.Future[Any], attempts: int = 50, interval_s
     log.error("a handler ignored %d cancellations; leaving it behind", attempts)
 
 
+class RetriesExhausted(Exception):
+    """A message's crashed attempts used up its run's retries: the worker dead-letters it first, then calls
+    `report` (so the DLQ copy exists before anyone can see the run fail) and answers with `error`."""
+
+    def __init__(self, error: AgentCrashError, report: Callable[[], Awaitable[None]]) -> None:
+        self.error = error
+        self.report = report
+        super().__init__(str(error))
+
+
 class RetryInterceptor(Interceptor):
     """Retries by the run's RetryPolicy.
 
@@ -129,12 +139,10 @@ class RetryInterceptor(Interceptor):
         crashes = int(json.loads(reply.data)["val"]) - 1
         if crashes > 0:
             if not policy.should_retry("AgentCrashError", crashes):
-                error = AgentCrashError(run.run_id, inp.agent.id)
-                # Read by the worker, never on the wire: it dead-letters the message first, then reports, so
-                # the DLQ copy exists before anyone can see the run fail.
-                error.dead_letter = True  # type: ignore[attr-defined]
-                error.crash_report = lambda: self._report(inp, crashes + 1, "exhausted", 0.0)  # type: ignore[attr-defined]
-                raise error
+                raise RetriesExhausted(
+                    AgentCrashError(run.run_id, inp.agent.id),
+                    lambda: self._report(inp, crashes + 1, "exhausted", 0.0),
+                )
             backoff = policy.backoff(crashes)
             await self._report(inp, crashes + 1, "retry", backoff)
             await self.sleep(backoff)

@@ -38,7 +38,7 @@ from ._checkpoints import CheckpointConflictError, CheckpointStore
 from ._client import Runtime
 from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from ._context import Context
-from ._control import RetryInterceptor, RunControlInterceptor, _cancel_hard
+from ._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor, _cancel_hard
 from ._envelope import (
     RESEND,
     Envelope,
@@ -461,10 +461,11 @@ class Worker:
             result = await self._run_handler(work, handle) if work.durable else await handle
             payload = payload_from_blocks(await self.rt.artifacts.offload(result or []))
             return Reply(id=env.id, ok=True, payload=payload, handled_by=self.worker_id)
+        except RetriesExhausted as exhausted:  # keep the message with its context, then tell the orchestrator
+            await self._dlq_copy(work.msg, "retries_exhausted", str(exhausted.error), env)
+            await exhausted.report()
+            return Reply(id=env.id, ok=False, error=exhausted.error.to_wire(), handled_by=self.worker_id)
         except KernelError as exc:
-            if getattr(exc, "dead_letter", False):  # retries exhausted: keep the message with its context
-                await self._dlq_copy(work.msg, "retries_exhausted", str(exc), env)
-                await exc.crash_report()  # type: ignore[attr-defined]
             return Reply(id=env.id, ok=False, error=exc.to_wire(), handled_by=self.worker_id)
         except Exception as exc:
             error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))
