@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -39,16 +40,18 @@ def _sse(event_id: int, name: str, data: Any) -> dict[str, str]:
 
 
 async def tree_events(
-    rt: Runtime, root: dict[str, Any], last_event_id: int | None, poll_s: float = 1.0
+    rt: Runtime, root: dict[str, Any], last_event_id: int | None, poll_s: float = 0.5, settle_s: float = 10.0
 ) -> AsyncIterator[dict[str, str]]:
     """Yield sse-starlette event dicts for the tree rooted at ``root`` until the root has ended."""
     view = RunsView(rt)
     root_id = str(root["run_id"])
     subject = rt.subjects.progress_tree(root_id)
     stream = rt.topology.names.progress_stream
+    seen_at_start: dict[str, tuple[Any, Any]] = {}
     if last_event_id is None:
         runs = await view.tree(root)
         usage = await view.usage(root)
+        seen_at_start = {str(r["run_id"]): (r.get("status"), r.get("updated_at")) for r in runs}
         yield _sse(
             0,
             "snapshot",
@@ -60,6 +63,8 @@ async def tree_events(
             deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=last_event_id + 1
         )
     last = last_event_id or 0
+    # run_id -> (status, updated_at) last shown to this client
+    seen: dict[str, tuple[Any, Any]] = seen_at_start if last_event_id is None else {}
     sub = await rt.js.subscribe(subject, ordered_consumer=True, stream=stream, config=config)
     try:
         pending = await _pending(rt, stream, subject, last)
@@ -67,13 +72,22 @@ async def tree_events(
             if pending == 0:
                 root = await view.record(root_id) or root
                 if root.get("status") in TERMINAL:
-                    yield {"id": str(last), "data": "[DONE]"}
-                    return
+                    # Children end just after their root (a cancel reaches them last): show their ends too,
+                    # waiting at most `settle_s` for a child that never reports (its worker died).
+                    async for event in _reconcile(view, root, seen, last):
+                        yield event
+                    settled = all(status in TERMINAL for status, _ in seen.values())
+                    if settled or time.time() - float(root.get("updated_at") or 0.0) > settle_s:
+                        yield {"id": str(last), "data": "[DONE]"}
+                        return
             try:
                 msg = await sub.next_msg(timeout=poll_s)
             except TimeoutError:
-                # No event for a while: look at the root's record in case its end was announced elsewhere.
+                # Quiet for a while: compare the tree's records with what this client was shown, so a change
+                # that was never announced (the orchestrator's announcements are best effort) still shows.
                 pending = 0
+                async for event in _reconcile(view, root, seen, last):
+                    yield event
                 continue
             meta = msg.metadata
             last = meta.sequence.stream
@@ -91,6 +105,7 @@ async def tree_events(
                 record = await view.record(run_id)
                 if record is not None:
                     data["run"] = record
+                    seen[run_id] = (record.get("status"), record.get("updated_at"))
                 if run_id == root_id and record is not None:
                     root = record
             usage = await view.usage(root)
@@ -100,6 +115,25 @@ async def tree_events(
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+async def _reconcile(
+    view: RunsView, root: dict[str, Any], seen: dict[str, tuple[Any, Any]], last: int
+) -> AsyncIterator[dict[str, str]]:
+    """``status`` events (id = the last event's: they are state as of it) for runs whose record changed
+    since this client last saw it."""
+    runs = await view.tree(root)
+    changed = [r for r in runs if seen.get(str(r["run_id"])) != (r.get("status"), r.get("updated_at"))]
+    if not changed:
+        return
+    usage = await view.usage(root)
+    for record in changed:
+        seen[str(record["run_id"])] = (record.get("status"), record.get("updated_at"))
+        yield _sse(
+            last,
+            "status",
+            {"run": record, "reconciled": True, "usage": usage, "budget": budget_view(root, usage)},
+        )
 
 
 async def _pending(rt: Runtime, stream: str, subject: str, after: int) -> int:

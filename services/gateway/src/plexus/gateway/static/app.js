@@ -1,0 +1,384 @@
+// Plexus dashboard: plain JS, no build step. Live over the gateway's SSE endpoint (no polling).
+"use strict";
+
+const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const GROUP_MIN = 5; // siblings of one type fanned out by a parent collapse into a group from this many on
+const $ = (id) => document.getElementById(id);
+
+const params = new URLSearchParams(location.search);
+if (params.get("token")) localStorage.setItem("plexus.token", params.get("token"));
+let token = localStorage.getItem("plexus.token") || "";
+
+let state = null; // the run tree being watched
+let source = null; // its EventSource
+let liveAgents = new Set(); // "ns/type" refs with a live worker
+let renderQueued = false;
+
+function authHeaders() {
+  return token ? { Authorization: `Bearer ${token}` } : {};
+}
+
+async function api(path, options = {}) {
+  const response = await fetch(path, { ...options, headers: { ...authHeaders(), ...(options.headers || {}) } });
+  if (response.status === 401) {
+    $("auth").hidden = false;
+    throw new Error("unauthorized");
+  }
+  const body = response.status === 204 ? null : await response.json();
+  if (!response.ok) throw new Error(body && (body.detail || body.title) || response.statusText);
+  return body;
+}
+
+$("token-save").onclick = () => {
+  token = $("token").value.trim();
+  localStorage.setItem("plexus.token", token);
+  $("auth").hidden = true;
+  route();
+};
+
+// -- runs list --------------------------------------------------------------------------------------------
+async function loadRuns() {
+  const q = new URLSearchParams({ roots_only: "true", limit: "100" });
+  const status = $("f-failed").checked ? "failed" : $("f-status").value;
+  if (status) q.set("status", status);
+  if ($("f-agent").value.trim()) q.set("agent_type", $("f-agent").value.trim());
+  const page = await api(`/v1/runs?${q}`);
+  const list = $("runs");
+  list.replaceChildren();
+  for (const r of page.runs) {
+    const li = document.createElement("li");
+    li.dataset.run = r.run_id;
+    li.append(badge(displayStatus(r)), text("span", r.agent_id), text("span", new Date(r.created_at * 1000).toLocaleTimeString(), "meta"));
+    li.onclick = () => { location.hash = `run=${r.run_id}`; };
+    list.append(li);
+  }
+}
+for (const id of ["f-status", "f-failed"]) $(id).onchange = loadRuns;
+$("f-agent").onchange = loadRuns;
+$("f-refresh").onclick = loadRuns;
+
+// -- helpers ----------------------------------------------------------------------------------------------
+function text(tag, value, cls) {
+  const el = document.createElement(tag);
+  el.textContent = value;
+  if (cls) el.className = cls;
+  return el;
+}
+
+function badge(status) {
+  const el = text("span", status, "badge");
+  el.dataset.status = status;
+  return el;
+}
+
+function agentType(agentId) {
+  const parts = agentId.split("/");
+  return parts[parts.length - 2];
+}
+
+function agentRef(agentId) {
+  const parts = agentId.split("/");
+  return parts.length === 3 ? `${parts[0]}/${parts[1]}` : `default/${parts[0]}`;
+}
+
+// The status a person needs to see, from the run record (and the registry, for "lost").
+function displayStatus(run) {
+  const status = run.status || "pending";
+  if (status === "failed" && run.error && run.error.error_type === "BudgetExhaustedError") return "budget exceeded";
+  if (status === "pending" && run.attempts > 0 && run.retry_at) {
+    const max = run.retry && run.retry.max_attempts ? run.retry.max_attempts : "?";
+    return `retrying ${run.attempts}/${max}`;
+  }
+  if (status === "running" && state && liveAgents.size && !liveAgents.has(agentRef(run.agent_id))) return "lost";
+  if (status === "running" && state && childrenOf(run).some((c) => !TERMINAL.has(c.status))) {
+    return "waiting on children";
+  }
+  return status;
+}
+
+// -- tree view --------------------------------------------------------------------------------------------
+function openTree(runId, selectNode) {
+  if (source) source.close();
+  state = { rootId: runId, runs: new Map(), nodes: new Map(), usage: {}, budget: null, selected: selectNode || null, expanded: new Set(), done: false };
+  $("tree-pane").hidden = false;
+  $("workers-pane").hidden = true;
+  $("tree-title").textContent = runId;
+  $("cancel").disabled = false;
+  const url = `/v1/runs/${encodeURIComponent(runId)}/events` + (token ? `?access_token=${encodeURIComponent(token)}` : "");
+  source = new EventSource(url);
+  setConn("connecting");
+  source.onopen = () => setConn("live");
+  source.onerror = () => setConn(state && state.done ? "ended" : "reconnecting"); // EventSource resumes with Last-Event-ID
+  source.addEventListener("snapshot", (e) => {
+    const data = JSON.parse(e.data);
+    for (const r of data.runs) upsertRun(r);
+    applyUsage(data);
+    refreshWorkers();
+  });
+  source.addEventListener("status", (e) => {
+    const data = JSON.parse(e.data);
+    if (data.run) upsertRun(data.run);
+    applyUsage(data);
+  });
+  for (const name of ["progress", "tool_call", "token"]) {
+    source.addEventListener(name, (e) => {
+      const data = JSON.parse(e.data);
+      applyProgress(data.progress);
+      applyUsage(data);
+    });
+  }
+  source.onmessage = (e) => {
+    if (e.data === "[DONE]") {
+      state.done = true;
+      source.close();
+      setConn("ended");
+      queueRender();
+    }
+  };
+}
+
+function setConn(value) {
+  $("conn").dataset.state = value;
+  $("conn").textContent = value;
+}
+
+function node(agentId) {
+  let n = state.nodes.get(agentId);
+  if (!n) {
+    n = { agentId, runId: null, step: "", stream: [], turns: 0 };
+    state.nodes.set(agentId, n);
+  }
+  return n;
+}
+
+function upsertRun(run) {
+  const old = state.runs.get(run.run_id);
+  if (old && (old.updated_at || 0) > (run.updated_at || 0)) return; // an older read arriving late
+  state.runs.set(run.run_id, run);
+  node(run.agent_id).runId = run.run_id;
+  queueRender();
+}
+
+function applyProgress(p) {
+  if (!p || !p.agent_id || p.agent_id.startsWith("orchestrator/")) return;
+  const n = node(p.agent_id);
+  n.runId = n.runId || p.run_id;
+  n.step = p.step;
+  n.turns += 1;
+  const words = (p.content || []).filter((b) => b.type === "text").map((b) => b.text).join("");
+  if (words) n.stream.push(`[${p.step}] ${words}`);
+  queueRender();
+}
+
+function applyUsage(data) {
+  if (data.usage) state.usage = data.usage;
+  if (data.budget) state.budget = data.budget;
+  queueRender();
+}
+
+function setGauge(id, used, limit, label) {
+  const meter = $(id);
+  meter.max = limit || Math.max(used, 1);
+  meter.value = used;
+  meter.dataset.used = String(used);
+  $(`${id}-text`).textContent = limit ? `${label(used)} / ${label(limit)}` : `${label(used)} (no limit)`;
+}
+
+function queueRender() {
+  if (renderQueued) return;
+  renderQueued = true;
+  requestAnimationFrame(() => { renderQueued = false; render(); });
+}
+
+function render() {
+  if (!state) return;
+  const root = state.runs.get(state.rootId);
+  const b = state.budget;
+  if (b) {
+    setGauge("g-tokens", b.tokens.used, b.tokens.limit, (v) => String(v));
+    setGauge("g-turns", b.turns.used, b.turns.limit, (v) => String(v));
+    setGauge("g-cost", b.cost_usd.used, b.cost_usd.limit, (v) => `$${Number(v).toFixed(4)}`);
+  }
+  const active = [...state.runs.values()].filter((r) => !TERMINAL.has(r.status)).length;
+  const maxAgents = root && root.spawn_budget ? root.spawn_budget.max_agents : null;
+  setGauge("g-spawn", active, maxAgents, (v) => String(v));
+  if (root) {
+    const s = displayStatus(root);
+    $("tree-status").textContent = s;
+    $("tree-status").dataset.status = s;
+    $("cancel").disabled = TERMINAL.has(root.status);
+  }
+  const tree = $("tree");
+  tree.replaceChildren();
+  if (root) {
+    const li = renderNode(root);
+    if (li) tree.append(li);
+  }
+  renderDetail();
+}
+
+// Children by their own parent_id: a parent's record may be older than a child's announcement.
+function childrenOf(run) {
+  const out = [...state.runs.values()].filter((r) => r.parent_id === run.run_id && r.run_id !== run.run_id);
+  return out.sort((a, b) => (a.created_at || 0) - (b.created_at || 0));
+}
+
+function failedBelow(run) {
+  if (run.status === "failed") return true;
+  return childrenOf(run).some(failedBelow);
+}
+
+function renderNode(run) {
+  if ($("t-failed").checked && !failedBelow(run)) return null;
+  const n = node(run.agent_id);
+  const li = document.createElement("li");
+  const row = document.createElement("div");
+  row.className = "node" + (state.selected === run.run_id ? " selected" : "");
+  const status = displayStatus(run);
+  li.dataset.agent = run.agent_id;
+  li.dataset.status = status;
+  li.dataset.run = run.run_id;
+  li.className = "tree-node";
+  const tokens = (run.usage && run.usage.tokens) || 0;
+  row.append(
+    text("span", run.agent_id, "agent"),
+    badge(status),
+    text("span", `step ${n.step || "-"} · tokens ${tokens} · turns ${(run.usage && run.usage.turns) || 0} · events ${n.turns}`, "meta"),
+  );
+  if (run.reason && TERMINAL.has(run.status)) row.append(text("span", run.reason, "meta"));
+  row.onclick = (e) => { e.stopPropagation(); select(run.run_id); };
+  li.append(row);
+  const children = childrenOf(run);
+  if (children.length) {
+    const ul = document.createElement("ul");
+    const byType = new Map();
+    for (const child of children) {
+      const t = agentType(child.agent_id);
+      if (!byType.has(t)) byType.set(t, []);
+      byType.get(t).push(child);
+    }
+    for (const [type, group] of byType) {
+      const key = `${run.run_id}:${type}`;
+      if (group.length >= GROUP_MIN && !state.expanded.has(key)) {
+        ul.append(renderGroup(key, type, group));
+      } else {
+        for (const child of group) {
+          const childLi = renderNode(child);
+          if (childLi) ul.append(childLi);
+        }
+      }
+    }
+    li.append(ul);
+  }
+  return li;
+}
+
+function renderGroup(key, type, group) {
+  const counts = {};
+  for (const child of group) {
+    const s = displayStatus(child);
+    counts[s] = (counts[s] || 0) + 1;
+  }
+  const li = document.createElement("li");
+  li.className = "group";
+  li.dataset.group = type;
+  const row = document.createElement("div");
+  row.className = "node";
+  row.append(text("span", `${group.length} × ${type}`, "agent"));
+  for (const [s, count] of Object.entries(counts)) {
+    const b = badge(`${s} ${count}`);
+    b.dataset.status = s;
+    row.append(b);
+  }
+  row.onclick = () => { state.expanded.add(key); queueRender(); };
+  li.append(row);
+  return li;
+}
+
+function select(runId) {
+  state.selected = runId;
+  history.replaceState(null, "", `#run=${state.rootId}&node=${runId}`);
+  queueRender();
+}
+
+function renderDetail() {
+  const run = state.selected && state.runs.get(state.selected);
+  if (!run) {
+    $("d-title").textContent = "Select a node";
+    $("d-links").replaceChildren();
+    $("d-fields").replaceChildren();
+    $("d-stream").textContent = "";
+    return;
+  }
+  $("d-title").textContent = run.agent_id;
+  const links = $("d-links");
+  links.replaceChildren();
+  if (run.parent_id) {
+    const a = text("a", "↑ parent", "nav-parent");
+    a.href = "#";
+    a.onclick = (e) => { e.preventDefault(); select(run.parent_id); };
+    links.append(a, document.createTextNode(" "));
+  }
+  for (const child of childrenOf(run)) {
+    const a = text("a", `↓ ${child.agent_id}`, "nav-child");
+    a.href = "#";
+    a.onclick = (e) => { e.preventDefault(); select(child.run_id); };
+    links.append(a, document.createTextNode(" "));
+  }
+  const fields = $("d-fields");
+  fields.replaceChildren();
+  const rows = {
+    run: run.run_id, status: displayStatus(run), reason: run.reason || "", attempts: run.attempts || 0,
+    priority: run.priority, depth: run.depth || 0, usage: JSON.stringify(run.usage || {}),
+    error: run.error ? `${run.error.error_type}: ${run.error.message}` : "",
+  };
+  for (const [k, v] of Object.entries(rows)) fields.append(text("dt", k), text("dd", String(v)));
+  $("d-stream").textContent = node(run.agent_id).stream.join("\n");
+}
+
+$("t-failed").onchange = queueRender;
+$("cancel").onclick = async () => {
+  if (!state) return;
+  $("cancel").disabled = true;
+  try {
+    await api(`/v1/runs/${encodeURIComponent(state.rootId)}/cancel`, {
+      method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ reason: "cancelled from the dashboard" }),
+    });
+  } catch (err) {
+    $("cancel").disabled = false;
+    alert(`cancel failed: ${err.message}`);
+  }
+};
+
+// -- workers ----------------------------------------------------------------------------------------------
+async function refreshWorkers() {
+  try {
+    const workers = await api("/v1/workers");
+    liveAgents = new Set(workers.flatMap((w) => w.types));
+    const body = $("workers");
+    body.replaceChildren();
+    for (const w of workers) {
+      const tr = document.createElement("tr");
+      tr.append(text("td", w.worker_id), text("td", w.types.join(", ")), text("td", w.detail.host || ""), text("td", String(w.detail.concurrency || "")));
+      body.append(tr);
+    }
+    queueRender();
+  } catch (err) {
+    console.warn(err);
+  }
+}
+
+// -- routing ----------------------------------------------------------------------------------------------
+function route() {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  loadRuns().catch((err) => console.warn(err));
+  if (location.hash === "#workers") {
+    $("workers-pane").hidden = false;
+    $("tree-pane").hidden = true;
+    refreshWorkers();
+  } else if (hash.get("run")) {
+    if (!state || state.rootId !== hash.get("run")) openTree(hash.get("run"), hash.get("node"));
+  }
+}
+window.addEventListener("hashchange", route);
+route();

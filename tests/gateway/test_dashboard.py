@@ -1,0 +1,121 @@
+"""The dashboard in real headless Chromium: a run tree appears and updates live, a budget gauge moves,
+the cancel button cancels every node, and a screenshot is saved to the test's output directory."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, Page, async_playwright, expect
+
+from .browser import CHROMIUM_ARGS, ensure_chromium
+from .conftest import TOKEN, Stack
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+async def browser() -> AsyncIterator[Browser]:
+    executable = ensure_chromium()
+    async with async_playwright() as pw:
+        chromium = await pw.chromium.launch(executable_path=executable, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            await chromium.close()
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context(viewport={"width": 1400, "height": 900})
+    page = await context.new_page()
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    try:
+        yield page
+    finally:
+        await context.close()
+    assert errors == [], f"JavaScript errors on the page: {errors}"
+
+
+def text(value: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": value}]
+
+
+async def test_tree_appears_updates_gauge_moves_and_cancel_cancels_every_node(
+    gw: Stack, page: Page, tmp_path: Path
+) -> None:
+    cmd = json.dumps({"children": 3, "leaf": {"steps": 400, "tokens": 3, "sleep": 0.05}})
+    started = await gw.client.post(
+        "/v1/runs",
+        json={"agent_id": "fanout/ui", "input": text(cmd), "budget": {"max_tokens": 100000}},
+    )
+    run_id = started.json()["run_id"]
+
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}")
+    # The tree appears: the root and its three leaves, keyed by AgentId.
+    await expect(page.locator('li.tree-node[data-agent="fanout/ui"]')).to_be_visible()
+    for i in range(3):
+        await expect(page.locator(f'li.tree-node[data-agent="leaf/ui-{i}"]')).to_have_attribute(
+            "data-status", "running"
+        )
+    # The root waits on its children; the runs list shows the run.
+    await expect(page.locator('li.tree-node[data-agent="fanout/ui"]')).to_have_attribute(
+        "data-status", "waiting on children"
+    )
+    await expect(page.locator(f'#runs li[data-run="{run_id}"]')).to_be_visible()
+
+    # The token gauge moves while the leaves spend tokens.
+    gauge = page.locator("#g-tokens")
+    await expect(gauge).not_to_have_attribute("data-used", "0")
+    first = int(await gauge.get_attribute("data-used") or "0")
+    await expect(gauge).not_to_have_attribute("data-used", str(first))
+    later = int(await gauge.get_attribute("data-used") or "0")
+    assert later > first > 0
+
+    # Selecting a leaf shows its streamed steps and a link to its parent; the link navigates up.
+    await page.locator('li.tree-node[data-agent="leaf/ui-1"] > .node').click()
+    await expect(page.locator("#d-title")).to_have_text("leaf/ui-1")
+    await expect(page.locator("#d-stream")).to_contain_text("step")
+    await page.locator("#d-links .nav-parent").click()
+    await expect(page.locator("#d-title")).to_have_text("fanout/ui")
+
+    await page.screenshot(path=str(tmp_path / "dashboard-running.png"), full_page=True)
+
+    await page.locator("#cancel").click()
+    for agent in ("fanout/ui", "leaf/ui-0", "leaf/ui-1", "leaf/ui-2"):
+        await expect(page.locator(f'li.tree-node[data-agent="{agent}"]')).to_have_attribute(
+            "data-status", "cancelled", timeout=30_000
+        )
+    await expect(page.locator("#tree-status")).to_have_attribute("data-status", "cancelled")
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "ended")
+    await expect(page.locator("#cancel")).to_be_disabled()
+    shot = tmp_path / "dashboard-cancelled.png"
+    await page.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    record = await gw.rt.wait_run(run_id, timeout=30)
+    assert record.status == "cancelled"
+
+
+async def test_wide_fan_out_collapses_into_a_group_and_failed_only_filters(gw: Stack, page: Page) -> None:
+    cmd = json.dumps({"children": 8, "leaf": {"steps": 1}})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/wide", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    await gw.rt.wait_run(run_id, timeout=60)
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}")
+    group = page.locator('li.group[data-group="leaf"]')
+    await expect(group).to_contain_text("8 × leaf")
+    await expect(group.locator('.badge[data-status="completed"]')).to_have_text("completed 8")
+    await group.locator(".node").click()
+    await expect(page.locator("li.tree-node")).to_have_count(9)
+    await page.locator("#t-failed").check()
+    await expect(page.locator("li.tree-node")).to_have_count(0)
+
+
+async def test_workers_page_lists_live_workers(gw: Stack, page: Page) -> None:
+    await page.goto(f"{gw.url}/?token={TOKEN}#workers")
+    await expect(page.locator("#workers tr")).to_have_count(1)
+    await expect(page.locator("#workers")).to_contain_text("default/leaf")
