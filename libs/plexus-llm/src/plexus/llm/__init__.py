@@ -43,6 +43,7 @@ from ._errors import (
     BadRequestError,
     ContextTooLongError,
     ProviderError,
+    ProviderProtocolError,
     ProviderUnavailableError,
     RateLimitError,
 )
@@ -90,6 +91,7 @@ __all__ = [
     "NoPendingApprovalError",
     "OpenAIChatModel",
     "ProviderError",
+    "ProviderProtocolError",
     "ProviderRetry",
     "ProviderUnavailableError",
     "RateLimit",

@@ -35,6 +35,7 @@ from ._errors import (
     BadRequestError,
     ContextTooLongError,
     ProviderError,
+    ProviderProtocolError,
     ProviderUnavailableError,
     RateLimitError,
 )
@@ -76,6 +77,9 @@ class AnthropicModel:
             raise _map_error(exc) from exc
         except httpx2.HTTPError as exc:
             raise ProviderUnavailableError(f"stream broken: {exc!r}", "anthropic", 0) from exc
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            # Garbage on the wire (bad JSON, events of the wrong shape) must not surface as a bare exception.
+            raise ProviderProtocolError(f"not a anthropic stream: {exc!r}"[:500], "anthropic", 200) from exc
         if not parser.stopped:
             raise ProviderUnavailableError("stream ended before message_stop", "anthropic", 0)
 

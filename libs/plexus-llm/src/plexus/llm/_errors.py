@@ -12,6 +12,7 @@ __all__ = [
     "BadRequestError",
     "ContextTooLongError",
     "ProviderError",
+    "ProviderProtocolError",
     "ProviderUnavailableError",
     "RateLimitError",
 ]
@@ -55,5 +56,12 @@ class BadRequestError(ProviderError):
 
 class ProviderUnavailableError(ProviderError):
     """5xx, a timeout, a refused connection or a stream cut mid-way: retrying later may succeed."""
+
+    recoverable = True
+
+
+class ProviderProtocolError(ProviderError):
+    """The provider answered something that is not its wire format (garbage JSON, events of the wrong
+    shape); retrying may help when the cause was a broken proxy, so it counts as recoverable."""
 
     recoverable = True

@@ -32,6 +32,7 @@ from ._errors import (
     BadRequestError,
     ContextTooLongError,
     ProviderError,
+    ProviderProtocolError,
     ProviderUnavailableError,
     RateLimitError,
 )
@@ -74,6 +75,9 @@ class OpenAIChatModel:
             raise _map_error(exc) from exc
         except httpx2.HTTPError as exc:  # a connection cut mid-stream surfaces from httpx2, unwrapped
             raise ProviderUnavailableError(f"stream broken: {exc!r}", "openai", 0) from exc
+        except (ValueError, TypeError, AttributeError, KeyError) as exc:
+            # Garbage on the wire (bad JSON, events of the wrong shape) must not surface as a bare exception.
+            raise ProviderProtocolError(f"not a openai stream: {exc!r}"[:500], "openai", 200) from exc
         if not finished:
             # The SDK ends quietly when the server closes the body early; a turn without a finish reason
             # is a broken stream, not a completed answer.
