@@ -14,6 +14,8 @@ from .browser import CHROMIUM_ARGS, ensure_chromium
 from .conftest import TOKEN, Stack
 
 pytestmark = pytest.mark.timeout(240)
+# The machine running the suite may be busy: give the page time, never a speed target.
+expect.set_options(timeout=30_000)
 
 
 @pytest.fixture

@@ -100,8 +100,10 @@ async def tree_events(
                 continue
             name = event_name(progress)
             data: dict[str, Any] = {"progress": progress}
-            if name == "status":
-                run_id = str(progress.get("run_id", ""))
+            run_id = str(progress.get("run_id", ""))
+            # A run's record goes with its status changes and with the first event of a run this client has
+            # not seen yet (a child announces itself by acting before any status of its own is shown).
+            if name == "status" or run_id not in seen:
                 record = await view.record(run_id)
                 if record is not None:
                     data["run"] = record

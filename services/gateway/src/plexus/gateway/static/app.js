@@ -123,6 +123,7 @@ function openTree(runId, selectNode) {
   for (const name of ["progress", "tool_call", "token"]) {
     source.addEventListener(name, (e) => {
       const data = JSON.parse(e.data);
+      if (data.run) upsertRun(data.run);
       applyProgress(data.progress);
       applyUsage(data);
     });

@@ -1,0 +1,93 @@
+"""`plexus runs ls|show|watch|cancel` and `plexus gateway` as real processes against a real cluster."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import httpx
+
+from plexus.gateway import hash_token
+
+from .conftest import Stack
+
+
+def text(value: str) -> list[dict[str, str]]:
+    return [{"type": "text", "text": value}]
+
+
+async def plexus(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "plexus.runtime.cli", *args, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_runs_ls_show_watch_cancel(gw: Stack) -> None:
+    cmd = json.dumps({"children": 2, "leaf": {"steps": 2, "tokens": 4}})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/cli", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    code, out, err = await plexus("runs", "watch", run_id, "--json", "--nats", gw.nats_url)
+    assert code == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert events[0]["event"] == "snapshot"
+    assert any(e["event"] == "status" and e["data"]["run"]["status"] == "completed" for e in events)
+
+    code, out, err = await plexus("runs", "ls", "--json", "--nats", gw.nats_url)
+    assert code == 0, err
+    assert [r["run_id"] for r in json.loads(out)] == [run_id]
+
+    code, out, err = await plexus("runs", "show", run_id, "--nats", gw.nats_url)
+    assert code == 0, err
+    assert "fanout/cli  completed" in out
+    assert "  leaf/cli-0  completed" in out
+    assert "tokens 16 (no limit)" in out
+
+    slow = json.dumps({"children": 1, "leaf": {"steps": 200, "sleep": 0.1}})
+    slow_id = (
+        await gw.client.post("/v1/runs", json={"agent_id": "fanout/cli2", "input": text(slow)})
+    ).json()["run_id"]
+    await gw.rt.wait_run(slow_id, timeout=10, until=("running",))
+    code, out, err = await plexus("runs", "cancel", slow_id, "--json", "--nats", gw.nats_url)
+    assert code == 0, err
+    assert json.loads(out)["run_id"] == slow_id
+    assert (await gw.rt.wait_run(slow_id, timeout=30)).status == "cancelled"
+
+    code, _, err = await plexus("runs", "show", "run_nope", "--nats", gw.nats_url)
+    assert code == 1
+    assert "unknown run" in err
+
+
+async def test_gateway_command_refuses_to_run_open_without_dev() -> None:
+    code, _, err = await plexus("gateway", "--nats", "nats://127.0.0.1:1")
+    assert code == 2
+    assert "--dev" in err
+    code, out, _ = await plexus("gateway", "--hash-token", "s3cret")
+    assert code == 0
+    assert out.strip() == hash_token("s3cret")
+
+
+async def test_gateway_command_serves_with_a_hashed_token(gw: Stack) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "plexus.runtime.cli", "gateway", "--nats", gw.nats_url, "--port", "0",
+        "--token-hash", hash_token("cli-token"),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+        assert line.startswith("plexus gateway serving http://127.0.0.1:"), line
+        url = line.split()[3]
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/v1/agents")).status_code == 401
+            ok = await client.get("/v1/agents", headers={"Authorization": "Bearer cli-token"})
+            assert ok.status_code == 200
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
