@@ -33,7 +33,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.messages < 1:
         parser.error("--messages must be at least 1")
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
-    print(f"fuzz: seed {seed}, {args.messages} messages", flush=True)
+    what = "the inputs of tests/fuzz/found.py" if args.found else f"seed {seed}, {args.messages} messages"
+    print(f"fuzz: {what}", flush=True)
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="plexus-fuzz-"))
     try:
         if args.found:

@@ -1,8 +1,9 @@
 """The inputs the fuzzer found, kept as exact reproducers (`test_found_inputs.py` replays them all).
 
 Each was found by `python -m tests.fuzz --keep-going` against the tree before issue 9's fixes (commit
-1e6e052): seeds 20261124 (3,000 messages) and 7 (2,000 messages). Above each input: the defect of issue 9
-it reproduces and the check of the harness that failed there.
+1e6e052): seeds 20261124 (3,000 messages) and 7 (2,000 messages), then cut down to one input per defect.
+Above each input: the defect of issue 9 it reproduces and the check of the harness that failed there
+(`python -m tests.fuzz --found --keep-going` in a checkout of that commit, with tests/fuzz copied in).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from plexus.runtime._envelope import Envelope, RunInfo, encode_envelope, payload
 from plexus.runtime._orchestration import CancelNotice, FinishedReport, StartRunRequest
 from plexus.runtime._subjects import Subjects
 
-from .mutate import Shot
+from .mutate import VICTIM, Shot
 
 
 def _env(target: str, reply_to: str | None, run: RunInfo | None = None) -> tuple[str, bytes]:
@@ -41,8 +42,16 @@ def found_inputs(subjects: Subjects, inbox: str) -> list[Shot]:
     """The reproducers, built fresh (new message ids) for one run; `inbox` is the sender's reply prefix."""
     shots: list[Shot] = []
 
-    def inbox_shot(key: str, data: bytes, headers: dict[str, str] | None, note: str) -> None:
-        shots.append(Shot("inbox", subjects.inbox("echo", key), data, headers, jetstream=True, notes=[note]))
+    def inbox_shot(
+        key: str, data: bytes, headers: dict[str, str] | None, note: str, pause: float = 0
+    ) -> None:
+        subject = subjects.inbox("echo", key)
+        shots.append(Shot("inbox", subject, data, headers, jetstream=True, notes=[note], pause_after=pause))
+
+    # Valid first messages, so the victims of items 7 and "junk" below are active with a checkpoint.
+    for key in (VICTIM, "f6"):
+        msg_id, data = _env(f"echo/{key}", inbox + ".ok")
+        inbox_shot(key, data, _headers(msg_id), "warm-up", pause=0.5 if key == "f6" else 0.0)
 
     # Item 1. Failed: "the worker's connection is gone" (connz lists no "plexus"), then every liveness round
     # timed out; nats-py had closed the worker's connection on "maximum control line exceeded".
@@ -94,7 +103,8 @@ def found_inputs(subjects: Subjects, inbox: str) -> list[Shot]:
     inbox_shot("f4", data, _headers(msg_id, Status="404", Description="x"), "item 4: Status: 404 header")
 
     # Item 5. Failed: "a traceback in the worker log" (ValueError: an error on the wire needs a non-empty
-    # 'error_type') and, for `finished`, "orchestrator answered 500".
+    # 'error_type'). The `finished` report below was answered 404 (unknown run) even then: the 500 needs a
+    # run the orchestrator knows (tests/orchestrator covers that); here it checks the answer stays typed.
     root = str(RunId.new())
     notice = CancelNotice(root_id=root, run_id=root, reason="fuzz", error={"error_type": ""})
     shots.append(
@@ -130,13 +140,16 @@ def found_inputs(subjects: Subjects, inbox: str) -> list[Shot]:
         )
     )
 
-    # Item 7. Failed: "fuzzed agent echo/f1 no longer answers": the reply went into the victim's EventLog,
-    # fencing its next commit and leaving a batch EventLog.read() cannot parse.
-    msg_id, data = _env("echo/f5", subjects.evlog("echo", "f1"))
+    # Item 7. Failed: "the EventLog of echo/f1 no longer reads: ValueError('EventLog px.default.evlog.echo.f1
+    # seq 13 is not a JSON array: Expected `array`, got `object`')": the worker wrote its reply into the
+    # victim's log (the active victim was also fenced once: "EventLog moved: expected last seq 10, found 13").
+    msg_id, data = _env("echo/f5", subjects.evlog("echo", VICTIM))
     inbox_shot("f5", data, _headers(msg_id), "item 7: reply_to another agent's EventLog")
 
-    # Not in issue 9's list (fixed in 9b50638). Failed: "fuzzed agent echo/f6 no longer answers": junk
-    # written straight onto an agent's EventLog subject made every later commit of that agent fail.
+    # Not in issue 9's list: came with f9ac858's redelivery dedupe, fixed in 9b50638. Failed at 5e4bd25:
+    # "fuzzed agent echo/f6 no longer answers: HandlerError(cause='1 validation error for EventLogEntry ...
+    # invalid unicode code point')": after junk written straight onto its EventLog subject the agent's next
+    # commit was fenced, and the reload's read of "entries logged after the checkpoint" raised every time.
     shots.append(
         Shot(
             "evlog",

@@ -30,7 +30,7 @@ from nats.aio.msg import Msg
 from plexus.core import AgentId, TextBlock, TopicId
 from plexus.runtime import NatsServer, Runtime, Subjects, TypeSubscription
 
-from .mutate import KEYS, Shot, shot
+from .mutate import KEYS, VICTIM, Shot, shot
 
 REPO = Path(__file__).resolve().parents[2]
 HOSTED_DURABLE = ("echo", "spawner", "listener")
@@ -114,6 +114,8 @@ class Harness:
                     await raw.close()
                 await self._quiesce(rt)
                 await self._fuzzed_keys_serve(rt)
+                self._check_processes()
+                self._check_connections()
             finally:
                 await rt.close()
             self._check_logs()
@@ -164,6 +166,9 @@ class Harness:
                 self.sent[f"{inbox}.a{sent}"] = one
                 await self._send(raw, js, one, f"{inbox}.a{sent}")
                 sent += 1
+                if one.pause_after:
+                    await raw.flush()
+                    await asyncio.sleep(one.pause_after)
             await raw.flush()
             await asyncio.sleep(0.3)  # let answers arrive before they are checked
             self._check_answers(answers)
@@ -261,6 +266,10 @@ class Harness:
                     assert got == blocks, got
                 except Exception as exc:
                     self._fail(f"fuzzed agent {agent_type}/{key} no longer answers: {exc!r}")
+        try:  # only the worker writes here (replies aimed at it must have been refused)
+            await rt.event_log(AgentId("echo", VICTIM)).read()
+        except Exception as exc:
+            self._fail(f"the EventLog of echo/{VICTIM} no longer reads: {exc!r}")
 
     def _check_logs(self) -> None:
         """A traceback in a service log fails the run; logs are read incrementally so the batch is known."""

@@ -31,6 +31,9 @@ from plexus.runtime._subjects import Subjects
 
 #: Keys the fuzzer aims at (the liveness rounds use keys of their own, so they never meet fuzzed state).
 KEYS = [f"f{i}" for i in range(8)]
+#: The one fuzzed agent whose EventLog the fuzzer never writes junk into itself: hostile reply addresses aim
+#: at it, and the harness checks at the end that its log still reads (issue 9 item 7).
+VICTIM = "f1"
 #: Odd keys: long (escaped subjects near and past the server's limits), dots, wildcards, spaces, non-ASCII.
 ODD_KEYS = ["k" * 200, "k" * 1000, "k" * 4000, "a.b", "*", ">", "sp ace", "ключ", ""]
 TYPES = ["echo", "echo-eph", "spawner", "listener", "ghost"]
@@ -42,7 +45,7 @@ HOSTILE_REPLIES = [
     "_INBOX.>",
     "_INBOX.a b",
     "",
-    "px.default.evlog.echo.f1",
+    f"px.default.evlog.echo.{VICTIM}",
     "px.default.in.echo.f2",
     "px.default.ctr.run_x.tokens",
 ]
@@ -60,6 +63,7 @@ class Shot:
     jetstream: bool = False
     reply: bool = False
     notes: list[str] = field(default_factory=list)
+    pause_after: float = 0.0  # seconds to wait after sending (reproducers that need an order)
 
     def describe(self, full: bool = False) -> str:
         """One line for a failure report; `full` keeps the whole body (up to 4 KB) so it can be replayed."""
@@ -161,7 +165,7 @@ def _json_field(rng: random.Random, data: bytes) -> bytes:
             "",
             "x" * rng.choice([100, 5000, 70000]),
             "_INBOX." + "y" * 5000,
-            "px.default.evlog.echo.f1",
+            f"px.default.evlog.echo.{VICTIM}",
             "a b*>",
             [],
             {},
@@ -287,7 +291,7 @@ def shot(rng: random.Random, subjects: Subjects, inbox: str) -> Shot:
     if kind == "evlog":
         return Shot(
             "evlog",
-            _subject(subjects.evlog, subjects.base, "evlog", agent_type, key),
+            _subject(subjects.evlog, subjects.base, "evlog", agent_type, key if key != VICTIM else "f0"),
             rng.choice(MUTATIONS)(rng, b'[{"type":"reply"}]'),
             jetstream=True,
         )
