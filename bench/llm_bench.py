@@ -42,7 +42,7 @@ async def _serve() -> None:
         await asyncio.Event().wait()
 
 
-async def _measure(base_url: str, runs: int, journal: bool) -> dict[str, float]:
+async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None) -> dict[str, float]:
     import openai
 
     from plexus.core import AgentId, TextBlock
@@ -77,17 +77,19 @@ async def _measure(base_url: str, runs: int, journal: bool) -> dict[str, float]:
         bare_wall.append(time.perf_counter() - t0)
     bare_cpu = (time.process_time() - cpu0) / (runs * 2)
 
-    server = NatsServer()
-    server.start()
+    server = None if nats_url else NatsServer()
+    if server is not None:
+        server.start()
+    url = nats_url or (server.url if server is not None else "")
     try:
         app = App()
         app.register(
             "bench", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], journal=journal)
         )
-        wrt = await Runtime.connect(server.url)
+        wrt = await Runtime.connect(url)
         worker = Worker(app, wrt, WorkerConfig())
         await worker.start()
-        rt = await Runtime.connect(server.url)
+        rt = await Runtime.connect(url)
         try:
 
             async def one(i: int) -> None:
@@ -107,7 +109,8 @@ async def _measure(base_url: str, runs: int, journal: bool) -> dict[str, float]:
             await worker.stop(drain_timeout=5)
             await wrt.close()
     finally:
-        server.stop()
+        if server is not None:
+            server.stop()
     bare_p50 = statistics.median(bare_wall)
     run_p50 = statistics.median(run_wall)
     return {
@@ -124,6 +127,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--no-journal", action="store_true", help="measure without the per-step journal")
+    parser.add_argument("--url", help="an existing nats-server (default: start one)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
@@ -137,13 +141,17 @@ def main() -> None:
         line = proc.stdout.readline().split()
         if not line or line[0] != "READY":
             raise SystemExit(f"fake provider did not start: {line}")
-        metrics = asyncio.run(_measure(line[1], args.runs, not args.no_journal))
+        metrics = asyncio.run(_measure(line[1], args.runs, not args.no_journal, args.url))
     finally:
         proc.terminate()
         proc.wait(10)
     for name, value in metrics.items():
         print(f"{name:<32} {value:8.2f}")
-    print("RESULT " + json.dumps({"metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()}}))
+    result = {
+        "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
+        "info": {"runs": args.runs, "journal": not args.no_journal},
+    }
+    print("RESULT " + json.dumps(result))
 
 
 if __name__ == "__main__":

@@ -65,6 +65,9 @@ ROWS = (
     ),
     Row("progress worker → subscriber p50", "ms", None, "plexus.progress.p50", None, False),
     Row("progress worker → subscriber p99", "ms", None, "plexus.progress.p99", None, False),
+    # bench/llm_bench.py: (run of 2 turns + 1 tool - 2 bare SDK calls) / 2, against a fake OpenAI provider.
+    Row("LLM loop overhead per model turn p50", "ms", None, "llm.overhead_per_turn.p50_ms", None, False),
+    Row("LLM loop CPU per model turn", "ms", None, "llm.cpu_per_turn_ms", None, False),
 )
 
 

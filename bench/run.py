@@ -302,6 +302,20 @@ def main() -> int:
                     )
                 metrics.update(result["metrics"])
                 client_info[f"plexus-{app}"] = result["info"]
+            print("bench: Plexus LLM loop (plexus.llm against a fake OpenAI provider) …", flush=True)
+            with phase(logs, env) as procs:
+                llm_cmd = [
+                    py,
+                    "-m",
+                    "bench.llm_bench",
+                    "--url",
+                    server.url,
+                    "--runs",
+                    "50" if args.quick else "300",
+                ]
+                result = procs.client("plexus-llm", llm_cmd, client_timeout)
+            metrics.update(result["metrics"])
+            client_info["plexus-llm"] = result["info"]
         if autogen_python is not None:
             print("bench: AutoGen gRPC …", flush=True)
             address = f"127.0.0.1:{_free_port()}"
