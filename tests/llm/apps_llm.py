@@ -14,7 +14,11 @@ from plexus.runtime import App
 
 @tool
 def note(text: str) -> str:
-    """Write a note down."""
+    """Write a note down (and, for the crash test, log each execution to ``NOTE_LOG`` if set)."""
+    log = os.environ.get("NOTE_LOG")
+    if log:
+        with open(log, "a") as f:
+            f.write(text + "\n")
     return f"noted: {text}"
 
 

@@ -34,7 +34,8 @@ async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
         return Sse(openai_frames("done after 4 turns"))
 
     async with FakeProvider(respond) as fake:
-        env = {"FAKE_OPENAI_URL": fake.base_url}
+        notes = tmp_path / "notes.log"
+        env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(notes)}
         arrived, release = fake.hold(3)  # turn 3's first request waits: the worker is mid-run, turns 1-2 done
         first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env=env)
         reply_task = asyncio.ensure_future(
@@ -51,6 +52,8 @@ async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
     # The request counter: turns 1 and 2 were paid once; turn 3 twice (its first call died with the worker).
     assert per_turn == Counter({1: 1, 2: 1, 3: 2, 4: 1}), (per_turn, _logs(tmp_path))
     assert fake.count == 5
+    # Tool results come from the journal too: each tool ran exactly once, none again after the crash.
+    assert notes.read_text().split() == ["t1", "t2", "t3"]
     # The replayed transcript is the original one: turn 3's retry carried turns 1-2 and their tool results.
     retry = fake.requests[3]
     tool_messages = [m for m in retry["messages"] if m["role"] == "tool"]
