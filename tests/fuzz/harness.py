@@ -75,6 +75,8 @@ class Harness:
         self.keep_going = keep_going
         self.fixed = fixed  # replay these inputs (built for the run's subjects and reply prefix) instead
         self.log_offsets: dict[str, int] = {}
+        self.ready = False  # before, a failed check only means "not yet"
+        self.cids: dict[str, set[int]] = {}  # connection name -> the server's client ids, first seen
         self.sent: dict[str, Shot] = {}  # reply subject -> the request it answers (this batch)
         self.seed = seed
         self.messages = messages
@@ -107,6 +109,7 @@ class Harness:
                 self._spawn("worker", "worker", "tests.fuzz.app:app", "--ack-wait", "5")
                 await rt.add_subscription(TypeSubscription(topic_type="fuzz", agent_type="listener"))
                 await self._ready(rt)
+                self.ready = True
                 raw = await nats.connect(self.server.url, name="fuzz", max_reconnect_attempts=-1)
                 try:
                     await self._fire(rt, raw)
@@ -226,14 +229,21 @@ class Harness:
                 self._fail(f"{name} exited with {proc.returncode}")
 
     def _check_connections(self) -> None:
+        """Each service's connection is still there and still the same one: a new client id means it was
+        disconnected and reconnected (by default the worker connects as "plexus", the orchestrator as
+        "plexus-orchestrator"; the liveness client and the fuzz client have names of their own)."""
         assert self.server is not None
         url = f"http://127.0.0.1:{self.server.monitor_port}/connz?limit=1024"
         with urllib.request.urlopen(url, timeout=5) as resp:
-            names = Counter(c.get("name", "") for c in json.loads(resp.read())["connections"])
-        if names["plexus-orchestrator"] < 1:
-            self._fail(f"the orchestrator's connection is gone (connections: {dict(names)})")
-        if names["plexus"] < 1:
-            self._fail(f"the worker's connection is gone (connections: {dict(names)})")
+            conns = json.loads(resp.read())["connections"]
+        for service, name in (("orchestrator", "plexus-orchestrator"), ("worker", "plexus")):
+            cids = {c["cid"] for c in conns if c.get("name") == name}
+            if not cids:
+                names = Counter(c.get("name", "") for c in conns)
+                self._fail(f"the {service}'s connection is gone (connections: {dict(names)})")
+            elif self.cids.setdefault(name, cids) != cids:
+                self._fail(f"the {service} was disconnected: client ids {self.cids[name]} became {cids}")
+                self.cids[name] = cids
 
     async def _quiesce(self, rt: Runtime) -> None:
         """Every message of a hosted durable type is acked once the run settles (nothing stuck, nothing
@@ -292,7 +302,7 @@ class Harness:
             f"fuzz seed {self.seed}, batch {self.batch}: {what}\n  last inputs:\n  {last}\n"
             f"  replay: python -m tests.fuzz --seed {self.seed} --messages {self.messages}"
         )
-        if self.keep_going and not any(p.poll() is not None for p in self.procs.values()):
+        if self.keep_going and self.ready and not any(p.poll() is not None for p in self.procs.values()):
             print(f"fuzz: FAILURE (keeping going)\n{text}\n", file=sys.stderr, flush=True)
             self.report.failures.append(text)
             return
