@@ -6,11 +6,13 @@ import asyncio
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from plexus.core import (
     AgentId,
     DataBlock,
     ErrorBlock,
+    JsonValue,
     Item,
     KernelError,
     TextBlock,
@@ -31,6 +33,10 @@ from plexus.llm import (
 from plexus.runtime import App, Runtime
 
 StartWorker = Any
+
+
+class Query(BaseModel):
+    q: str
 
 
 @tool
@@ -203,3 +209,35 @@ async def test_compaction_pipeline_runs_before_each_model_call(
     # The system prompt is added per request; the stored transcript is cut to its last 3 items.
     assert [i.text for i in model.requests[1].items] == ["S", "q0", "a0", "q1"]
     assert [i.text for i in model.requests[2].items] == ["S", "q1", "a1", "q2"]
+
+
+async def test_batch_tool_gets_all_its_calls_of_a_turn_at_once(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    invocations: list[list[str]] = []
+
+    @tool(mode="batch")
+    async def search(calls: list[Query]) -> list[str]:
+        """Search many queries in one request."""
+        invocations.append([c.q for c in calls])
+        return [f"hits for {c.q}" for c in calls]
+
+    calls: list[tuple[str, str, dict[str, JsonValue]]] = [
+        ("a", "search", {"q": "x"}),
+        ("b", "add", {"a": 1, "b": 2}),
+        ("c", "search", {"q": "y"}),
+    ]
+    bad: tuple[str, str, dict[str, JsonValue]] = ("d", "search", {"q": 5})
+    model = ScriptedModel([ScriptedTurn(tool_calls=[*calls, bad]), ScriptedTurn(text="ok")])
+    app = App()
+    app.register("assistant", lambda _id: LLMAgent(model, tools=[search, add]))
+    await start_worker(app)
+    await _ask(runtime, app, "k8", "go")
+    assert invocations == [["x", "y"]]  # one invocation for both valid calls
+    assert search.schema["required"] == ["q"]
+    results = {r.call_id: r for r in _tool_results(model.requests[1])}
+    assert list(results) == ["a", "b", "c", "d"]  # results in call order
+    assert results["a"].content == [TextBlock(text="hits for x")]
+    assert results["c"].content == [TextBlock(text="hits for y")]
+    assert results["b"].content == [TextBlock(text="3")]
+    assert results["d"].is_error

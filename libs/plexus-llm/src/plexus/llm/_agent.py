@@ -271,8 +271,15 @@ class LLMAgent(Agent):
         if done is not None:
             return done.item
         results: dict[str, ToolResultBlock] = {}
-        parallel = [c for c in calls if (t := self.tools.get(c.tool_name)) is None or t.mode == "parallel"]
-        sequential = [c for c in calls if c not in parallel]
+        modes = {c.call_id: (t.mode if (t := self.tools.get(c.tool_name)) else "parallel") for c in calls}
+        parallel = [c for c in calls if modes[c.call_id] == "parallel"]
+        sequential = [c for c in calls if modes[c.call_id] == "sequential"]
+        batches: dict[str, list[ToolUseBlock]] = {}
+        for c in calls:
+            if modes[c.call_id] == "batch":
+                batches.setdefault(c.tool_name, []).append(c)
+        for name, batch in batches.items():
+            results.update(await self._batch(ctx, name, batch))
         outcomes = await asyncio.gather(*(self._call(ctx, c) for c in parallel))
         results.update({c.call_id: r for c, r in zip(parallel, outcomes, strict=True)})
         for call in sequential:
@@ -282,6 +289,39 @@ class LLMAgent(Agent):
         if journal is not None:
             await journal.append(step, item)
         return item
+
+    async def _batch(self, ctx: Context, name: str, calls: list[ToolUseBlock]) -> dict[str, ToolResultBlock]:
+        """All calls of one batch tool in one invocation; a call with bad arguments is answered on its own."""
+        t = self.tools.get(name)
+        assert t is not None
+        results: dict[str, ToolResultBlock] = {}
+        valid: list[tuple[ToolUseBlock, Any]] = []
+        for call in calls:
+            await ctx.emit_progress(AgentStep.TOOL_CALL, [call])
+            if call.metadata.get(INVALID_ARGUMENTS_KEY) is not None:
+                results[call.call_id] = await self._execute(ctx, call)  # answers with the ErrorBlock
+                continue
+            try:
+                valid.append((call, t.parse(call.arguments)))
+            except ToolArgumentsError as exc:
+                results[call.call_id] = _error(call, "InvalidToolArguments", str(exc))
+        if valid:
+            try:
+                call_ = t.invoke_batch([parsed for _, parsed in valid], ctx)
+                outputs = await (asyncio.wait_for(call_, t.timeout_s) if t.timeout_s else call_)
+            except (CancellationError, asyncio.CancelledError):
+                raise
+            except Exception as exc:
+                for call, _ in valid:
+                    results[call.call_id] = _error(call, type(exc).__name__, str(exc) or repr(exc))
+            else:
+                for (call, _), value in zip(valid, outputs, strict=True):
+                    results[call.call_id] = ToolResultBlock(
+                        call_id=call.call_id, content=tool_output_blocks(value)
+                    )
+        for call in calls:
+            await ctx.emit_progress(AgentStep.TOOL_RESULT, [results[call.call_id]])
+        return results
 
     async def _call(self, ctx: Context, call: ToolUseBlock) -> ToolResultBlock:
         run_id = ctx.run_id or ctx.message_id

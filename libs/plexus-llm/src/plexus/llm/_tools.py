@@ -11,7 +11,7 @@ import inspect
 import json
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, get_type_hints, overload
+from typing import Any, Literal, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
@@ -22,7 +22,7 @@ from ._client import ToolSpec
 
 __all__ = ["Tool", "ToolArgumentsError", "ToolRegistry", "tool", "tool_output_blocks"]
 
-ToolMode = Literal["parallel", "sequential"]
+ToolMode = Literal["parallel", "sequential", "batch"]
 
 
 class ToolArgumentsError(ValueError):
@@ -32,7 +32,9 @@ class ToolArgumentsError(ValueError):
 @dataclass(frozen=True)
 class Tool:
     """One tool. ``mode``: ``parallel`` tools of one turn run concurrently, ``sequential`` ones one by one
-    after them, in call order. ``timeout_s`` bounds one call (the model then sees an ErrorBlock)."""
+    after them, in call order; a ``batch`` tool gets all its calls of a turn in ONE invocation (its function
+    takes ``calls: list[Model]`` and returns one output per call, in order). ``timeout_s`` bounds one
+    invocation (the model then sees an ErrorBlock)."""
 
     name: str
     description: str
@@ -51,11 +53,25 @@ class Tool:
 
     async def invoke(self, arguments: dict[str, JsonValue], ctx: Context | None) -> Any:
         """Validate ``arguments`` (ToolArgumentsError) and run the function, sync ones in a thread."""
+        parsed = self.parse(arguments)
+        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+        return await self._run(kwargs, ctx)
+
+    def parse(self, arguments: dict[str, JsonValue]) -> BaseModel:
+        """The validated arguments of one call (ToolArgumentsError when they do not fit the schema)."""
         try:
-            parsed = self.arguments_model.model_validate(arguments)
+            return self.arguments_model.model_validate(arguments)
         except ValidationError as exc:
             raise ToolArgumentsError(_brief(exc)) from None
-        kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
+
+    async def invoke_batch(self, calls: list[BaseModel], ctx: Context | None) -> list[Any]:
+        """Run a batch tool once for ``calls`` (already parsed); one output per call, in order."""
+        outputs = await self._run({"calls": calls}, ctx)
+        if not isinstance(outputs, list) or len(outputs) != len(calls):
+            raise TypeError(f"batch tool {self.name} must return a list of {len(calls)} outputs")
+        return outputs
+
+    async def _run(self, kwargs: dict[str, Any], ctx: Context | None) -> Any:
         if self.context_param is not None:
             kwargs[self.context_param] = ctx
         if inspect.iscoroutinefunction(self.fn):
@@ -113,7 +129,11 @@ def tool(
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[param.name] = (annotation, default)
         tool_name = name or f.__name__
-        model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
+        model: type[BaseModel]
+        if mode == "batch":
+            model = _batch_model(tool_name, fields)
+        else:
+            model = create_model(f"{tool_name}_arguments", __config__=ConfigDict(extra="forbid"), **fields)
         schema = model.model_json_schema()
         schema.pop("title", None)
         return Tool(
@@ -129,6 +149,17 @@ def tool(
         )
 
     return build(fn) if fn is not None else build
+
+
+def _batch_model(tool_name: str, fields: dict[str, Any]) -> type[BaseModel]:
+    annotation = fields.get("calls", (None,))[0]
+    args = get_args(annotation)
+    if set(fields) != {"calls"} or get_origin(annotation) is not list or len(args) != 1:
+        raise TypeError(f"batch tool {tool_name} must take one parameter `calls: list[SomeModel]`")
+    item = args[0]
+    if not (isinstance(item, type) and issubclass(item, BaseModel)):
+        raise TypeError(f"batch tool {tool_name}: the items of `calls` must be a pydantic model")
+    return item
 
 
 class ToolRegistry:
