@@ -95,10 +95,23 @@ class LLMAgent(Agent):
         self.middleware = list(middleware)
         #: Decisions on approval-gated calls while a resumed tool step runs (call id -> decision).
         self._decisions: dict[str, dict[str, Any]] = {}
+        #: Where this activation saw the journal end after its last completed message (None: unknown).
+        self._journal_end: int | None = None
 
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
-        journal = await Journal.open(ctx, self.state) if self.journal_enabled else None
+        try:
+            return await self._handle(blocks, ctx)
+        except BaseException:
+            # A failed handling may have journaled steps: the next one must read the journal back.
+            self._journal_end = None
+            raise
+
+    async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        journal = None
+        if self.journal_enabled:
+            journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
+            self._journal_end = None
         history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
         decision = approval_of(blocks)
         pending = self.state.get(PENDING_KEY)
@@ -174,7 +187,7 @@ class LLMAgent(Agent):
             break
         self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
         if journal is not None:
-            self.state[JOURNAL_SEQ_KEY] = journal.seq
+            self.state[JOURNAL_SEQ_KEY] = self._journal_end = journal.seq
         await ctx.emit_progress(AgentStep.DONE, metadata={"finish": finish, "steps": step})
         return _reply(last, finish)
 
@@ -192,7 +205,7 @@ class LLMAgent(Agent):
         self.state[PENDING_KEY] = pending
         self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
         if journal is not None:
-            self.state[JOURNAL_SEQ_KEY] = journal.seq
+            self.state[JOURNAL_SEQ_KEY] = self._journal_end = journal.seq
         waiting = [c for c in turn.tool_calls if c.call_id in calls]
         await ctx.emit_progress(
             AgentStep.PAUSED, waiting, metadata={"awaiting_approval": calls, "steps": step}

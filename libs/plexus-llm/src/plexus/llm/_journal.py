@@ -60,12 +60,17 @@ class Journal:
         self.replay = replay
 
     @classmethod
-    async def open(cls, ctx: Context, state: dict[str, Any]) -> Journal:
+    async def open(cls, ctx: Context, state: dict[str, Any], known_end: int | None = None) -> Journal:
+        """The journal for ``ctx``'s message. ``known_end``: where this activation last saw the journal end
+        after a completed message; when it equals the state's mark nothing was written since (this
+        activation is the only writer), so the server round trips are skipped."""
         # The public Context exposes the EventLog of its own agent only; a copy pointed at the journal's
         # id reaches the sibling log through the same backend (plexus.runtime has no API for this yet).
         log = dataclasses.replace(ctx, agent_id=journal_id(ctx.agent_id)).event_log
         since = int(state.get(JOURNAL_SEQ_KEY, 0))
         replay: dict[int, LlmStep] = {}
+        if known_end is not None and known_end == since:
+            return cls(log, ctx.message_id, since, replay)
         seq = await log.last_seq()
         if seq > since:
             for record in await log.read(from_seq=since + 1, to_seq=seq):
