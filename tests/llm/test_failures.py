@@ -1,0 +1,107 @@
+"""More failure paths: tool timeouts and exceptions, provider retries running out, context too long, the
+remaining FinishReason rows."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import openai
+import pytest
+
+from plexus.core import AgentId, ErrorBlock, FinishReason, TextBlock, ToolResultBlock
+from plexus.llm import (
+    FINISH_KEY,
+    ContextTooLongError,
+    LLMAgent,
+    ModelRequest,
+    OpenAIChatModel,
+    ProviderRetry,
+    ProviderUnavailableError,
+    RateLimit,
+    ScriptedModel,
+    ScriptedTurn,
+    complete,
+    tool,
+)
+from plexus.runtime import App, Runtime
+
+from .fake_providers import FakeProvider, Sse, Status, openai_frames
+
+
+@tool(timeout_s=0.05)
+async def slow() -> str:
+    """Never finishes in time."""
+    await asyncio.sleep(30)
+    return "late"
+
+
+@tool
+def boom(n: int) -> str:
+    """Always fails."""
+    raise ValueError(f"cannot handle {n}")
+
+
+async def test_tool_timeout_and_exception_are_errors_the_model_sees(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    model = ScriptedModel(
+        [ScriptedTurn(tool_calls=[("a", "slow", {}), ("b", "boom", {"n": 3})]), ScriptedTurn(text="sorry")]
+    )
+    app = App()
+    app.register("t", lambda _id: LLMAgent(model, tools=[slow, boom]))
+    await start_worker(app)
+    await runtime.send_message([TextBlock(text="go")], AgentId("t", "1"), timeout=20)
+    results = {
+        b.call_id: b for i in model.requests[1].items for b in i.blocks if isinstance(b, ToolResultBlock)
+    }
+    kinds = {k: r.content[0].error_type for k, r in results.items() if isinstance(r.content[0], ErrorBlock)}
+    assert kinds == {"a": "ToolTimeout", "b": "ValueError"}
+    assert all(r.is_error for r in results.values())
+
+
+async def test_retries_run_out_and_the_error_reaches_the_caller(runtime: Runtime, start_worker: Any) -> None:
+    waits: list[float] = []
+
+    async def record(seconds: float) -> None:
+        waits.append(seconds)
+
+    async with FakeProvider(lambda _: Status(500, {"error": {"message": "down"}})) as fake:
+        client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
+        middleware = [RateLimit(per_second=1000), ProviderRetry(attempts=2, base_s=0.1, sleep=record)]
+        app = App()
+        app.register("r", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), middleware=middleware))
+        await start_worker(app)
+        with pytest.raises(ProviderUnavailableError):
+            await runtime.send_message([TextBlock(text="hi")], AgentId("r", "1"), timeout=20)
+    assert fake.count == 2
+    assert waits == [0.1]
+
+
+async def test_context_too_long_is_typed() -> None:
+    body = {"error": {"message": "maximum context length exceeded", "code": "context_length_exceeded"}}
+    async with FakeProvider(lambda _: Status(400, body)) as fake:
+        client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
+        with pytest.raises(ContextTooLongError):
+            await complete(OpenAIChatModel(client, "m"), ModelRequest(items=[]))
+    async with FakeProvider(lambda _: Sse(openai_frames("fine"))) as fake:
+        client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
+        assert (await complete(OpenAIChatModel(client, "m"), ModelRequest(items=[]))).item.text == "fine"
+
+
+async def test_blocked_and_cancelled_finish_reasons_return_marked(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    model = ScriptedModel(
+        [
+            ScriptedTurn(text="no", finish=FinishReason.blocked("content_filter")),
+            ScriptedTurn(text="stopped", finish=FinishReason.cancelled("user")),
+        ]
+    )
+    app = App()
+    app.register("f", lambda _id: LLMAgent(model))
+    await start_worker(app)
+    first = await runtime.send_message([TextBlock(text="a")], AgentId("f", "1"), timeout=20)
+    second = await runtime.send_message([TextBlock(text="b")], AgentId("f", "1"), timeout=20)
+    assert first[0].metadata[FINISH_KEY] == "blocked"
+    assert second[0].metadata[FINISH_KEY] == "cancelled"
