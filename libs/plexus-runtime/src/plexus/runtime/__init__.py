@@ -15,7 +15,16 @@ from ._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeErr
 from ._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
 from ._client import Runtime
 from ._context import Context
-from ._envelope import WIRE_VERSION, Envelope, Reply, RunInfo, WireError
+from ._envelope import (
+    WIRE_VERSION,
+    Envelope,
+    Reply,
+    RunInfo,
+    WireError,
+    blocks_from_payload,
+    encode_envelope,
+    make_headers,
+)
 from ._eventlog import EventLog, LogRecord
 from ._interceptors import (
     DeadlineInterceptor,
@@ -28,10 +37,10 @@ from ._interceptors import (
 )
 from ._registry import AgentTypeInfo, Registry, WorkerInfo
 from ._server import NatsCluster, NatsServer, NatsServerError
-from ._subjects import Subjects, SubjectTooLongError, escape_token, unescape_token
+from ._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
 from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
 from ._supervisor import LocalSupervisor, Supervisor, new_root_run
-from ._topology import Topology, TopologyConflictError, ensure_topology
+from ._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
 from ._worker import Worker, WorkerConfig
 
 __all__ = [
@@ -71,6 +80,7 @@ __all__ = [
     "Supervisor",
     "Topology",
     "TopologyConflictError",
+    "TopologyNames",
     "TracingInterceptor",
     "TypePrefixSubscription",
     "TypeSubscription",
@@ -78,8 +88,12 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "WorkerInfo",
+    "blocks_from_payload",
+    "checkpoint_key",
+    "encode_envelope",
     "ensure_topology",
     "escape_token",
+    "make_headers",
     "new_root_run",
     "unescape_token",
 ]

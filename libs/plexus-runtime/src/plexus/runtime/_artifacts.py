@@ -24,8 +24,7 @@ from nats.js.errors import ObjectNotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from plexus.core._content import BaseBlock, MediaBlock, ToolResultBlock
-from plexus.core._errors import KernelError
+from plexus.core import BaseBlock, KernelError, MediaBlock, ToolResultBlock
 
 __all__ = [
     "ARTIFACT_ID_PREFIX",

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from plexus.core._errors import KernelError
+from plexus.core import KernelError
 
 from ._artifacts import check_payload_size, headers_size, max_payload_of
 

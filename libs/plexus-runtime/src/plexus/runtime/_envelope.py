@@ -18,7 +18,7 @@ from typing import Any, Literal, TypeAlias, TypeVar
 import msgspec
 from pydantic import ValidationError
 
-from plexus.core._content import BaseBlock, content_blocks_from_json, content_blocks_to_json
+from plexus.core import BaseBlock, content_blocks_from_json, content_blocks_to_json
 
 __all__ = [
     "HDR_MSG_ID",

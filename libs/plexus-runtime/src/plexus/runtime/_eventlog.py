@@ -27,8 +27,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import APIError, NotFoundError
 
-from plexus.core._errors import ConcurrentAppendError
-from plexus.core._messages import KernelMessage, UnknownMessage, entry_from_json, entry_to_json
+from plexus.core import ConcurrentAppendError, KernelMessage, UnknownMessage, entry_from_json, entry_to_json
 
 from ._artifacts import safe_publish
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from plexus.core._errors import KernelError
+from plexus.core import KernelError
 
 from ._envelope import RunInfo
 

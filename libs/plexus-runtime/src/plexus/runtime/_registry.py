@@ -26,7 +26,7 @@ import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-from plexus.core._identity import AgentId
+from plexus.core import AgentId
 
 from ._subjects import escape_token
 

@@ -20,7 +20,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 from ulid import ULID
 
-from plexus.core._identity import DEFAULT_NAMESPACE, AgentId, TopicId
+from plexus.core import DEFAULT_NAMESPACE, AgentId, TopicId
 
 from ._registry import KVMirror, kv_snapshot
 from ._subjects import escape_token

@@ -33,7 +33,7 @@ from nats.js.errors import BadRequestError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
-from plexus.core._errors import KernelError
+from plexus.core import KernelError
 
 from ._subjects import inbox_transform as _subject_transform
 

@@ -21,10 +21,9 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from plexus.core._errors import BudgetExhaustedError
-from plexus.core._supervision import ExecutionBudget
-from plexus.runtime._orchestration import COST_SCALE, UsageTotals, budget_counter_subject
-from plexus.runtime._subjects import escape_token, unescape_token
+from plexus.core import BudgetExhaustedError, ExecutionBudget
+from plexus.runtime import escape_token, unescape_token
+from plexus.runtime.orchestration import COST_SCALE, UsageTotals, budget_counter_subject
 
 __all__ = ["DIMENSIONS", "BudgetWatcher", "budget_error", "read_usage"]
 

@@ -18,11 +18,18 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from plexus.core._errors import CancellationError, KernelError
-from plexus.core._ids import RunId
-from plexus.core._messages import ErrorInfo, RunCancelled, RunCompleted, RunEvent, RunFailed
-from plexus.core._progress import AgentStep
-from plexus.runtime._orchestration import (
+from plexus.core import (
+    AgentStep,
+    CancellationError,
+    ErrorInfo,
+    KernelError,
+    RunCancelled,
+    RunCompleted,
+    RunEvent,
+    RunFailed,
+    RunId,
+)
+from plexus.runtime.orchestration import (
     TERMINAL,
     RunRecord,
     RunStateError,

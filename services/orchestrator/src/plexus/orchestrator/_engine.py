@@ -16,13 +16,20 @@ from typing import Any
 
 import msgspec
 
-from plexus.core._errors import AgentCrashError, CancellationError, KernelError, SpawnDenied
-from plexus.core._ids import RunId
-from plexus.core._messages import RunChildSpawned, RunStarted, RunSuspended
-from plexus.core._progress import AgentStep
-from plexus.core._supervision import SpawnBudget
-from plexus.runtime._envelope import Envelope, RunInfo, encode_envelope, make_headers
-from plexus.runtime._orchestration import (
+from plexus.core import (
+    AgentCrashError,
+    AgentStep,
+    CancellationError,
+    KernelError,
+    RunChildSpawned,
+    RunId,
+    RunStarted,
+    RunSuspended,
+    SpawnBudget,
+    SpawnDenied,
+)
+from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers
+from plexus.runtime.orchestration import (
     TERMINAL,
     CancelRequest,
     CrashReport,
@@ -39,7 +46,6 @@ from plexus.runtime._orchestration import (
     StartRunRequest,
     TreeRecord,
 )
-from plexus.runtime._subjects import Subjects
 
 from . import _validate as v
 from ._budget import budget_error

@@ -18,20 +18,15 @@ import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from plexus.core._content import TextBlock
-from plexus.core._identity import AgentId
-from plexus.core._ids import RunId
-from plexus.core._messages import RunEvent, register_message_type
-from plexus.core._progress import AgentProgress, AgentStep
-from plexus.runtime._eventlog import EventLog
-from plexus.runtime._orchestration import (
+from plexus.core import AgentId, AgentProgress, AgentStep, RunEvent, RunId, TextBlock, register_message_type
+from plexus.runtime import EventLog, Subjects, escape_token
+from plexus.runtime.orchestration import (
     CancelNotice,
     PauseNotice,
     RunRecord,
     cancel_subject,
     pause_subject,
 )
-from plexus.runtime._subjects import Subjects, escape_token
 
 __all__ = ["ORCHESTRATOR_TYPE", "Announcer", "RunDecision", "namespace_of"]
 

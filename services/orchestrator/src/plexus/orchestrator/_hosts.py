@@ -12,7 +12,7 @@ from collections.abc import Iterable
 
 from plexus.core import AgentId
 from plexus.runtime import Registry
-from plexus.runtime._orchestration import InvalidRunRequest, RunRecord
+from plexus.runtime.orchestration import InvalidRunRequest, RunRecord
 
 __all__ = ["HostCheck"]
 

@@ -14,8 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import Registry
-from plexus.runtime._topology import TopologyNames, ensure_topology
+from plexus.runtime import Registry, TopologyNames, ensure_topology
 
 from ._budget import BudgetWatcher
 from ._engine import Engine, EngineConfig

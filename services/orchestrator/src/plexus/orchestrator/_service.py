@@ -22,14 +22,15 @@ from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import EndpointStats, Service
 
-from plexus.core._errors import (
+from plexus.core import (
     BudgetExhaustedError,
     CancellationError,
     HandlerError,
     KernelError,
     SpawnDenied,
 )
-from plexus.runtime._orchestration import (
+from plexus.runtime import escape_token
+from plexus.runtime.orchestration import (
     ORCH_SERVICE_NAME,
     CancelRequest,
     CrashReport,
@@ -42,7 +43,6 @@ from plexus.runtime._orchestration import (
     StartRunRequest,
     orch_subject,
 )
-from plexus.runtime._subjects import escape_token
 
 from ._engine import Engine
 from ._validate import decode_request

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from plexus.core._supervision import Priority
-from plexus.runtime._orchestration import Slot, TreeRecord
+from plexus.core import Priority
+from plexus.runtime.orchestration import Slot, TreeRecord
 
 __all__ = ["Admission", "admit", "choose_victim", "release", "running_count"]
 

@@ -18,7 +18,8 @@ import msgspec
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from plexus.runtime._orchestration import (
+from plexus.runtime import escape_token
+from plexus.runtime.orchestration import (
     RunNotFoundError,
     RunRecord,
     TreeRecord,
@@ -26,7 +27,6 @@ from plexus.runtime._orchestration import (
     run_key,
     tree_key,
 )
-from plexus.runtime._subjects import escape_token
 
 __all__ = ["CasConflictError", "Changed", "RunStore"]
 

@@ -19,8 +19,8 @@ from typing import Any
 from nats.js.kv import KeyValue
 
 from plexus.core import AgentNotFoundError
-from plexus.runtime._orchestration import TERMINAL, RunRecord, RunStatus, TreeRecord
-from plexus.runtime._subjects import unescape_token
+from plexus.runtime import unescape_token
+from plexus.runtime.orchestration import TERMINAL, RunRecord, RunStatus, TreeRecord
 
 from ._budget import budget_error
 from ._endings import Ending

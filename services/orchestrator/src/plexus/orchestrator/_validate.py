@@ -11,13 +11,18 @@ from typing import Any, TypeVar
 import msgspec
 from pydantic import BaseModel, ValidationError
 
-from plexus.core._errors import KernelError
-from plexus.core._identity import AgentId
-from plexus.core._ids import RunId, SessionId
-from plexus.core._supervision import ExecutionBudget, Priority, RetryPolicy, SpawnBudget
-from plexus.runtime._envelope import WireError, blocks_from_payload
-from plexus.runtime._orchestration import InvalidRunRequest
-from plexus.runtime._subjects import Subjects, checkpoint_key, escape_token
+from plexus.core import (
+    AgentId,
+    ExecutionBudget,
+    KernelError,
+    Priority,
+    RetryPolicy,
+    RunId,
+    SessionId,
+    SpawnBudget,
+)
+from plexus.runtime import Subjects, WireError, blocks_from_payload, checkpoint_key, escape_token
+from plexus.runtime.orchestration import InvalidRunRequest
 
 __all__ = [
     "check_dispatchable",

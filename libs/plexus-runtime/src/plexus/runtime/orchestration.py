@@ -1,0 +1,75 @@
+"""The orchestration wire protocol, public: what workers, clients and the orchestrator service exchange.
+
+Requests and replies of the service's endpoints (`StartRunRequest`, `SpawnRequest`, `FinishedReport`, …), the
+records it keeps in `plexus_runs` (`RunRecord`, `TreeRecord`), the broadcasts it sends (`CancelNotice`,
+`PauseNotice`), the subjects and keys they travel on, and the typed errors it answers with. Services import
+this module instead of the runtime's private ones (an import-linter contract enforces it).
+"""
+
+from __future__ import annotations
+
+from ._orchestration import (
+    COST_SCALE,
+    ORCH_SERVICE_NAME,
+    ORCH_VERSION,
+    TERMINAL,
+    CancelNotice,
+    CancelRequest,
+    CrashReport,
+    FinishedReport,
+    GetRunRequest,
+    InvalidRunRequest,
+    PauseNotice,
+    RunNotFoundError,
+    RunRecord,
+    RunStateError,
+    RunStatus,
+    Slot,
+    SpawnReply,
+    SpawnRequest,
+    StartRunReply,
+    StartRunRequest,
+    TreeRecord,
+    UsageTotals,
+    attempt_counter_subject,
+    budget_counter_subject,
+    cancel_subject,
+    input_key,
+    orch_subject,
+    pause_subject,
+    run_key,
+    tree_key,
+)
+
+__all__ = [
+    "COST_SCALE",
+    "ORCH_SERVICE_NAME",
+    "ORCH_VERSION",
+    "TERMINAL",
+    "CancelNotice",
+    "CancelRequest",
+    "CrashReport",
+    "FinishedReport",
+    "GetRunRequest",
+    "InvalidRunRequest",
+    "PauseNotice",
+    "RunNotFoundError",
+    "RunRecord",
+    "RunStateError",
+    "RunStatus",
+    "Slot",
+    "SpawnReply",
+    "SpawnRequest",
+    "StartRunReply",
+    "StartRunRequest",
+    "TreeRecord",
+    "UsageTotals",
+    "attempt_counter_subject",
+    "budget_counter_subject",
+    "cancel_subject",
+    "input_key",
+    "orch_subject",
+    "pause_subject",
+    "run_key",
+    "tree_key",
+]
