@@ -73,3 +73,14 @@ class Leaf(Agent):
 class Failing(Agent):
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         raise ValueError("nope")
+
+
+@app.agent("streamer", description="streams text deltas while it works")
+class Streamer(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        await ctx.emit_progress("started", [TextBlock(text="streaming")])
+        rounds = int(str(_cmd(blocks).get("rounds", 30)))
+        for i in range(rounds):
+            await ctx.stream(f"tok{i} ")
+            await asyncio.sleep(0.1)
+        return [TextBlock(text="streamed")]

@@ -121,3 +121,14 @@ async def test_workers_page_lists_live_workers(gw: Stack, page: Page) -> None:
     await page.goto(f"{gw.url}/?token={TOKEN}#workers")
     await expect(page.locator("#workers tr")).to_have_count(1)
     await expect(page.locator("#workers")).to_contain_text("default/leaf")
+
+
+async def test_selected_agent_shows_its_streamed_text(gw: Stack, page: Page) -> None:
+    started = await gw.client.post(
+        "/v1/runs", json={"agent_id": "streamer/ui", "input": text(json.dumps({"rounds": 100}))}
+    )
+    run_id = started.json()["run_id"]
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}&node={run_id}")
+    await expect(page.locator("#d-title")).to_have_text("streamer/ui")
+    await expect(page.locator("#d-stream")).to_contain_text("tok")
+    await gw.client.post(f"/v1/runs/{run_id}/cancel")

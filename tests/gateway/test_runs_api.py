@@ -201,3 +201,18 @@ async def test_two_gateways_serve_the_same_run(start_gateway: object, gw: Stack)
     await gw.rt.wait_run(run_id, timeout=30)
     a, b = await asyncio.gather(gw.client.get(f"/v1/runs/{run_id}"), other.client.get(f"/v1/runs/{run_id}"))
     assert a.json()["run"] == b.json()["run"]
+
+
+async def test_token_deltas_stream_live_as_token_events(gw: Stack) -> None:
+    cmd = json.dumps({"rounds": 40})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "streamer/s1", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    events = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+    tokens = [e.json() for e in events if e.event == "token"]
+    assert tokens, "deltas produced while the viewer watched arrive as token events"
+    assert all(t["agent_id"] == "streamer/s1" and t["run_id"] == run_id for t in tokens)
+    assert all(t["delta"]["type"] == "text_delta" and t["delta"]["text"].startswith("tok") for t in tokens)
+    durable = [int(e.id or 0) for e in events if e.event != "token" and e.data != "[DONE]"]
+    assert all(e.id is not None and int(e.id) <= max(durable) for e in events if e.event == "token")
+    assert events[-1].data == "[DONE]"

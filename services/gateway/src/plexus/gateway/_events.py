@@ -9,6 +9,7 @@ Each event carries the tree's usage totals so budget gauges move as tokens are s
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import time
@@ -20,6 +21,7 @@ from nats.js import api as js_api
 from plexus.runtime import Runtime
 
 from ._runs import TERMINAL, RunsView, budget_view
+from ._tokens import TokenTap
 
 __all__ = ["ORCHESTRATOR_PREFIX", "event_name", "tree_events"]
 
@@ -48,8 +50,9 @@ async def tree_events(
     subject = rt.subjects.progress_tree(root_id)
     stream = rt.topology.names.progress_stream
     seen_at_start: dict[str, tuple[Any, Any]] = {}
+    runs_at_start: list[dict[str, Any]] = []
     if last_event_id is None:
-        runs = await view.tree(root)
+        runs = runs_at_start = await view.tree(root)
         usage = await view.usage(root)
         seen_at_start = {str(r["run_id"]): (r.get("status"), r.get("updated_at")) for r in runs}
         yield _sse(
@@ -66,6 +69,11 @@ async def tree_events(
     # run_id -> (status, updated_at) last shown to this client
     seen: dict[str, tuple[Any, Any]] = seen_at_start if last_event_id is None else {}
     sub = await rt.js.subscribe(subject, ordered_consumer=True, stream=stream, config=config)
+    tap = TokenTap(rt)
+    for known in runs_at_start:
+        await tap.watch(str(known.get("agent_id", "")), str(known["run_id"]))
+    next_msg: asyncio.Task[Any] | None = None
+    next_token: asyncio.Task[dict[str, Any]] | None = None
     try:
         pending = await _pending(rt, stream, subject, last)
         while True:
@@ -74,19 +82,29 @@ async def tree_events(
                 if root.get("status") in TERMINAL:
                     # Children end just after their root (a cancel reaches them last): show their ends too,
                     # waiting at most `settle_s` for a child that never reports (its worker died).
-                    async for event in _reconcile(view, root, seen, last):
+                    async for event in _reconcile(view, root, seen, last, tap):
                         yield event
                     settled = all(status in TERMINAL for status, _ in seen.values())
                     if settled or time.time() - float(root.get("updated_at") or 0.0) > settle_s:
                         yield {"id": str(last), "data": "[DONE]"}
                         return
+            next_msg = next_msg or asyncio.ensure_future(sub.next_msg(timeout=poll_s))
+            next_token = next_token or asyncio.ensure_future(tap.queue.get())
+            await asyncio.wait({next_msg, next_token}, return_when=asyncio.FIRST_COMPLETED)
+            if next_token.done():
+                token = next_token.result()
+                next_token = None
+                # Not durable: it carries the id of the last durable event and is not replayed on resume.
+                yield _sse(last, "token", token)
+                continue
+            done, next_msg = next_msg, None
             try:
-                msg = await sub.next_msg(timeout=poll_s)
+                msg = done.result()
             except TimeoutError:
                 # Quiet for a while: compare the tree's records with what this client was shown, so a change
                 # that was never announced (the orchestrator's announcements are best effort) still shows.
                 pending = 0
-                async for event in _reconcile(view, root, seen, last):
+                async for event in _reconcile(view, root, seen, last, tap):
                     yield event
                 continue
             meta = msg.metadata
@@ -108,6 +126,7 @@ async def tree_events(
                 if record is not None:
                     data["run"] = record
                     seen[run_id] = (record.get("status"), record.get("updated_at"))
+                    await tap.watch(str(record.get("agent_id", "")), run_id)
                 if run_id == root_id and record is not None:
                     root = record
             usage = await view.usage(root)
@@ -115,12 +134,18 @@ async def tree_events(
             data["budget"] = budget_view(root, usage)
             yield _sse(last, name, data)
     finally:
+        for task in (next_msg, next_token):
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+        await tap.close()
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 
 
 async def _reconcile(
-    view: RunsView, root: dict[str, Any], seen: dict[str, tuple[Any, Any]], last: int
+    view: RunsView, root: dict[str, Any], seen: dict[str, tuple[Any, Any]], last: int, tap: TokenTap
 ) -> AsyncIterator[dict[str, str]]:
     """``status`` events (id = the last event's: they are state as of it) for runs whose record changed
     since this client last saw it."""
@@ -131,6 +156,7 @@ async def _reconcile(
     usage = await view.usage(root)
     for record in changed:
         seen[str(record["run_id"])] = (record.get("status"), record.get("updated_at"))
+        await tap.watch(str(record.get("agent_id", "")), str(record["run_id"]))
         yield _sse(
             last,
             "status",

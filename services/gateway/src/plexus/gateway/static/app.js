@@ -120,7 +120,15 @@ function openTree(runId, selectNode) {
     if (data.run) upsertRun(data.run);
     applyUsage(data);
   });
-  for (const name of ["progress", "tool_call", "token"]) {
+  source.addEventListener("token", (e) => {
+    const data = JSON.parse(e.data);
+    const n = node(data.agent_id);
+    if (data.delta && typeof data.delta.text === "string") {
+      n.live = (n.live || "") + data.delta.text; // streamed text as it arrives
+      queueRender();
+    }
+  });
+  for (const name of ["progress", "tool_call"]) {
     source.addEventListener(name, (e) => {
       const data = JSON.parse(e.data);
       if (data.run) upsertRun(data.run);
@@ -247,7 +255,7 @@ function renderNode(run) {
     text("span", `step ${n.step || "-"} · tokens ${tokens} · turns ${(run.usage && run.usage.turns) || 0} · events ${n.turns}`, "meta"),
   );
   if (run.reason && TERMINAL.has(run.status)) row.append(text("span", run.reason, "meta"));
-  row.onclick = (e) => { e.stopPropagation(); select(run.run_id); };
+  row.dataset.select = run.run_id;
   li.append(row);
   const children = childrenOf(run);
   if (children.length) {
@@ -291,7 +299,7 @@ function renderGroup(key, type, group) {
     b.dataset.status = s;
     row.append(b);
   }
-  row.onclick = () => { state.expanded.add(key); queueRender(); };
+  row.dataset.expand = key;
   li.append(row);
   return li;
 }
@@ -317,24 +325,42 @@ function renderDetail() {
   if (run.parent_id) {
     const a = text("a", "↑ parent", "nav-parent");
     a.href = "#";
-    a.onclick = (e) => { e.preventDefault(); select(run.parent_id); };
+    a.dataset.select = run.parent_id;
     links.append(a, document.createTextNode(" "));
   }
   for (const child of childrenOf(run)) {
     const a = text("a", `↓ ${child.agent_id}`, "nav-child");
     a.href = "#";
-    a.onclick = (e) => { e.preventDefault(); select(child.run_id); };
+    a.dataset.select = child.run_id;
     links.append(a, document.createTextNode(" "));
   }
   const fields = $("d-fields");
   fields.replaceChildren();
   const rows = {
     run: run.run_id, status: displayStatus(run), reason: run.reason || "", attempts: run.attempts || 0,
-    priority: run.priority, depth: run.depth || 0, usage: JSON.stringify(run.usage || {}),
+    priority: run.priority ?? 2, depth: run.depth || 0, usage: JSON.stringify(run.usage || {}),
     error: run.error ? `${run.error.error_type}: ${run.error.message}` : "",
   };
   for (const [k, v] of Object.entries(rows)) fields.append(text("dt", k), text("dd", String(v)));
-  $("d-stream").textContent = node(run.agent_id).stream.join("\n");
+  const n = node(run.agent_id);
+  $("d-stream").textContent = n.stream.join("\n") + (n.live ? `\n${n.live}` : "");
+}
+
+// The tree and the links are redrawn on every event, so a row may be replaced between a press and its
+// release (no click then): act on the press, delegated from containers that are never replaced.
+for (const id of ["tree", "d-links"]) {
+  $(id).addEventListener("pointerdown", (e) => {
+    const target = e.target.closest("[data-select], [data-expand]");
+    if (!target || !state) return;
+    e.preventDefault();
+    if (target.dataset.expand) {
+      state.expanded.add(target.dataset.expand);
+      queueRender();
+    } else {
+      select(target.dataset.select);
+    }
+  });
+  $(id).addEventListener("click", (e) => e.preventDefault());
 }
 
 $("t-failed").onchange = queueRender;
