@@ -11,8 +11,9 @@ import pytest
 import pytest_asyncio
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, BaseBlock, ProtocolError, TextBlock
+from plexus.core import AgentId, BaseBlock, MessageId, ProtocolError, RunId, TextBlock
 from plexus.runtime._envelope import Envelope, encode_envelope
+from plexus.runtime._supervisor import child_run_id
 
 from .apps_misc import (
     DEADLINE,
@@ -279,3 +280,17 @@ async def test_bad_json_in_a_reply_address_field_is_schema_not_a_crash(served: S
     error = reply_error(msg)
     assert type(error) is ProtocolError
     assert "(schema)" in str(error)
+
+
+def test_child_run_ids_are_deterministic_valid_and_keep_a_stable_time() -> None:
+    """Issue 9: a crash-retried parent must spawn its children under the same run ids."""
+    parent = RunId.new()
+    message = str(MessageId.new())
+    first = child_run_id(message, 0, str(parent))
+    assert first == child_run_id(message, 0, str(parent))  # the retried handler's first spawn
+    assert first != child_run_id(message, 1, str(parent))  # its second spawn
+    assert RunId.parse(first).ulid is not None
+    # The ULID's time is the parent message's (or, for a message id without one, the parent run's).
+    assert RunId.parse(first).ulid.milliseconds == MessageId.parse(message).ulid.milliseconds  # type: ignore[union-attr]
+    foreign = child_run_id(f"start-{parent}", 0, str(parent))
+    assert RunId.parse(foreign).ulid.milliseconds == parent.ulid.milliseconds  # type: ignore[union-attr]

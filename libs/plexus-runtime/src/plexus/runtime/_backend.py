@@ -119,7 +119,7 @@ class WorkerBackend:
         # No slot for a child nobody can run: AgentNotFoundError before the tree's budget is touched.
         await self.worker.rt._host_for(child, time.monotonic() + min(timeout_s, 30.0))
         child_run = await self.supervisor.spawn(
-            parent, ctx.agent_id, child, priority, child_run_id(ctx.message_id, ordinal)
+            parent, ctx.agent_id, child, priority, child_run_id(ctx.message_id, ordinal, parent.run_id)
         )
         log = self.event_log_for(ctx.agent_id)
         # child.spawned is durable before the child is enqueued, so a crash never leaves an unrecorded child.

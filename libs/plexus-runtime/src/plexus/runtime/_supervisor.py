@@ -50,17 +50,27 @@ class Supervisor(Protocol):
         ...
 
 
-def child_run_id(message_id: str, ordinal: int) -> str:
+def child_run_id(message_id: str, ordinal: int, parent_run_id: str | None = None) -> str:
     """The run id of the `ordinal`-th child spawned while handling message `message_id`.
 
     Deterministic, so a handler retried after its worker crashed spawns its children under the same run
     ids: the orchestrator admits a known id once (no second spawn slot) and its EventLog entries match. The
-    ULID keeps the parent message's creation time (ids still sort by time) and hashes the rest.
+    ULID keeps a stable creation time — the parent message's, else the parent run's — so ids still sort by
+    time; the rest is a hash.
     """
     digest = hashlib.sha256(f"{message_id}\x00{ordinal}".encode()).digest()
-    minted = MessageId(message_id).ulid if message_id.startswith("msg_") else None
-    millis = int(minted.milliseconds) if minted is not None else 0
+    millis = _ulid_millis(MessageId, message_id) or _ulid_millis(RunId, parent_run_id) or 0
     return f"{RunId.prefix}_{ULID.from_bytes(millis.to_bytes(6, 'big') + digest[:10])}"
+
+
+def _ulid_millis(kind: type[MessageId] | type[RunId], value: str | None) -> int | None:
+    if not value or not value.startswith(kind.prefix + "_"):
+        return None
+    try:
+        minted = kind(value).ulid
+    except (TypeError, ValueError):
+        return None
+    return int(minted.milliseconds) if minted is not None else None
 
 
 def new_root_run(
