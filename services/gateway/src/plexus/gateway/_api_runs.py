@@ -12,13 +12,13 @@ from plexus.core import AgentId, BaseBlock, content_block_to_dict
 
 from ._events import tree_events
 from ._models import AgentTypeOut, MessageIn, MessageOut, RunCreated, RunsPage, StartRun, WorkerOut
-from ._problems import Problem
+from ._problems import PROBLEM_RESPONSES, Problem
 from ._runs import RunFilter, budget_view
 from ._state import GatewayState, authorize, state
 
 __all__ = ["router", "sse_response", "tree_root"]
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(authorize)])
+router = APIRouter(prefix="/v1", dependencies=[Depends(authorize)], responses=PROBLEM_RESPONSES)
 
 Gw = Annotated[GatewayState, Depends(state)]
 RunIdPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_\-.:]+$")]

@@ -14,7 +14,7 @@ from plexus.core import AgentId, RunId, content_blocks_from_json
 
 from ._api_runs import sse_response
 from ._models import CreateSession, SessionOut, SessionRunIn
-from ._problems import Problem
+from ._problems import PROBLEM_RESPONSES, Problem
 from ._runs import TERMINAL
 from ._sessions import RUN_ID_KEY, SessionNotFound, SessionStore, ending_item, user_item
 from ._state import GatewayState, authorize, state
@@ -23,7 +23,7 @@ __all__ = ["router"]
 
 log = logging.getLogger("plexus.gateway")
 
-router = APIRouter(prefix="/v1/sessions", dependencies=[Depends(authorize)])
+router = APIRouter(prefix="/v1/sessions", dependencies=[Depends(authorize)], responses=PROBLEM_RESPONSES)
 
 Gw = Annotated[GatewayState, Depends(state)]
 SessionPath = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")]

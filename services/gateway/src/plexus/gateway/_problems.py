@@ -17,7 +17,14 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from plexus.core import KernelError
 
-__all__ = ["PROBLEM_JSON", "Problem", "install_problem_handlers", "kernel_status", "problem_response"]
+__all__ = [
+    "PROBLEM_JSON",
+    "PROBLEM_RESPONSES",
+    "Problem",
+    "install_problem_handlers",
+    "kernel_status",
+    "problem_response",
+]
 
 log = logging.getLogger("plexus.gateway")
 
@@ -36,6 +43,40 @@ _KERNEL_STATUS: dict[str, int] = {
     "BudgetExhaustedError": 409,
     "SpawnDenied": 409,
     "ReplyTimeoutError": 504,
+}
+
+
+_PROBLEM_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["type", "title", "status"],
+    "properties": {
+        "type": {"type": "string"},
+        "title": {"type": "string"},
+        "status": {"type": "integer"},
+        "detail": {"type": "string"},
+        "error_type": {"type": "string", "description": "the KernelError class, for KernelError.from_wire"},
+        "fields": {"type": "object", "description": "the KernelError's fields"},
+        "errors": {
+            "type": "array",
+            "items": {"type": "object"},
+            "description": "what failed validation, where",
+        },
+    },
+}
+
+#: OpenAPI ``responses`` for every /v1 route: each failure is problem details (RFC 9457).
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    status: {"description": why, "content": {PROBLEM_JSON: {"schema": _PROBLEM_SCHEMA}}}
+    for status, why in [
+        (401, "missing or unknown bearer token"),
+        (404, "no such agent, run, session or memory key"),
+        (409, "the run's state does not allow it"),
+        (413, "request body too large"),
+        (422, "the request does not match the schema"),
+        (502, "the agent failed"),
+        (503, "the cluster cannot be reached"),
+        (504, "the agent did not answer in time"),
+    ]
 }
 
 
