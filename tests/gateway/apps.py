@@ -84,3 +84,16 @@ class Streamer(Agent):
             await ctx.stream(f"tok{i} ")
             await asyncio.sleep(0.1)
         return [TextBlock(text="streamed")]
+
+
+@app.agent("ticker", description="emits `n` progress events `gap` seconds apart (benchmarks)")
+class Ticker(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        cmd = _cmd(blocks)
+        n = int(str(cmd.get("n", 100)))
+        gap = float(str(cmd.get("gap", 0.005)))
+        for i in range(n):
+            await ctx.emit_progress("thinking", [TextBlock(text=str(i))])
+            if gap:
+                await asyncio.sleep(gap)
+        return [TextBlock(text=f"ticked {n}")]

@@ -75,11 +75,15 @@ async def tree_events(
     next_msg: asyncio.Task[Any] | None = None
     next_token: asyncio.Task[dict[str, Any]] | None = None
     try:
-        pending = await _pending(rt, stream, subject, last)
+        pending = await _pending(rt, sub)
         while True:
             if pending == 0:
                 root = await view.record(root_id) or root
-                if root.get("status") in TERMINAL:
+                if root.get("status") in TERMINAL and (
+                    (next_msg is not None and next_msg.done()) or await _pending(rt, sub) > 0
+                ):
+                    pending = 1  # the root ended but events of the tree are still on their way to us
+                elif root.get("status") in TERMINAL:
                     # Children end just after their root (a cancel reaches them last): show their ends too,
                     # waiting at most `settle_s` for a child that never reports (its worker died).
                     async for event in _reconcile(view, root, seen, last, tap):
@@ -103,7 +107,7 @@ async def tree_events(
             except TimeoutError:
                 # Quiet for a while: compare the tree's records with what this client was shown, so a change
                 # that was never announced (the orchestrator's announcements are best effort) still shows.
-                pending = 0
+                pending = await _pending(rt, sub)
                 async for event in _reconcile(view, root, seen, last, tap):
                     yield event
                 continue
@@ -164,13 +168,15 @@ async def _reconcile(
         )
 
 
-async def _pending(rt: Runtime, stream: str, subject: str, after: int) -> int:
-    """How many messages of ``subject`` lie after sequence ``after`` (0 when none: the replay is done)."""
+async def _pending(rt: Runtime, sub: Any) -> int:
+    """Messages of the tree not yet handed to us: still on the server, or received and queued here.
+
+    A quiet ``next_msg`` timeout proves nothing on a busy gateway, so before ``[DONE]`` we ask. The flush
+    makes every message the server sent before it arrive first (one TCP stream), so none is in flight.
+    """
     try:
-        info = await rt.js.stream_info(stream, subjects_filter=subject)
+        await rt.nc.flush(timeout=5)
+        info = await sub.consumer_info()
     except Exception:
-        return 1
-    state = info.state
-    if not state.subjects:
-        return 0
-    return 1 if state.last_seq > after else 0
+        return 1  # cannot tell: keep reading (a timeout brings us back here)
+    return int(info.num_pending or 0) + int(sub.pending_msgs)
