@@ -27,8 +27,17 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, TextBlock, TopicId
-from plexus.runtime import NatsServer, Runtime, Subjects, TypeSubscription
+from plexus.core import AgentId, MessageId, TextBlock, TopicId
+from plexus.runtime import (
+    WIRE_VERSION,
+    Envelope,
+    NatsServer,
+    Runtime,
+    Subjects,
+    TypeSubscription,
+    encode_envelope,
+)
+from plexus.runtime._envelope import payload_from_blocks
 
 from .mutate import KEYS, VICTIM, Shot, shot
 
@@ -266,9 +275,12 @@ class Harness:
 
     async def _fuzzed_keys_serve(self, rt: Runtime) -> None:
         """The agents the fuzz aimed at still answer (none wedged by a junk EventLog entry, a forged
-        reply, a fenced commit, ...)."""
+        reply, a fenced commit, ...), and a durable one answers three messages in the order they were stored
+        (per-key order)."""
+        for key in KEYS:
+            await self._in_order(rt, key)
         blocks = [TextBlock(text="still serving")]
-        for agent_type in ("echo", "echo-eph"):
+        for agent_type in ("echo-eph",):
             for key in KEYS:
                 try:
                     async with asyncio.timeout(30):
@@ -280,6 +292,42 @@ class Harness:
             await rt.event_log(AgentId("echo", VICTIM)).read()
         except Exception as exc:
             self._fail(f"the EventLog of echo/{VICTIM} no longer reads: {exc!r}")
+
+    async def _in_order(self, rt: Runtime, key: str) -> None:
+        """Three envelopes to `echo/<key>`, stored in order (each PubAck awaited); the worker replies after
+        each commit, from one connection, so the replies arrive in handling order."""
+        inbox = rt.nc.new_inbox()
+        replies: list[str] = []
+        done = asyncio.Event()
+
+        async def collect(msg: Msg) -> None:
+            replies.append(msg.subject.rsplit(".", 1)[1])
+            if len(replies) == 3:
+                done.set()
+
+        sub = await rt.nc.subscribe(inbox + ".>", cb=collect)
+        try:
+            for tag in "ABC":
+                env = Envelope(
+                    id=str(MessageId.new()),
+                    kind="send",
+                    target=f"echo/{key}",
+                    reply_to=f"{inbox}.{tag}",
+                    payload=payload_from_blocks([TextBlock(text=tag)]),
+                    sent_at=time.time(),
+                )
+                headers = {"Nats-Msg-Id": env.id, "Plexus-V": str(WIRE_VERSION)}
+                await rt.js.publish(rt.subjects.inbox("echo", key), encode_envelope(env), headers=headers)
+            try:
+                async with asyncio.timeout(60):
+                    await done.wait()
+            except TimeoutError:
+                self._fail(f"fuzzed agent echo/{key} no longer answers (replies: {replies})")
+                return
+            if replies != ["A", "B", "C"]:
+                self._fail(f"per-key order broken on echo/{key}: stored A, B, C; handled {replies}")
+        finally:
+            await sub.unsubscribe()
 
     def _check_logs(self) -> None:
         """A traceback in a service log fails the run; logs are read incrementally so the batch is known."""

@@ -1,4 +1,4 @@
-"""Reproducer found while building the fuzzer, not fixed yet (so not a test):
+"""Minimal reproducer of the open defect behind the fuzz harness's "per-key order broken" failure:
 `python -m tests.fuzz.repro_fenced_order`.
 
 Input: any client appends one entry to a live agent's EventLog subject (`px.default.evlog.echo.f6`, here
