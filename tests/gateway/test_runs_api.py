@@ -216,3 +216,19 @@ async def test_token_deltas_stream_live_as_token_events(gw: Stack) -> None:
     durable = [int(e.id or 0) for e in events if e.event != "token" and e.data != "[DONE]"]
     assert all(e.id is not None and int(e.id) <= max(durable) for e in events if e.event == "token")
     assert events[-1].data == "[DONE]"
+
+
+async def test_many_concurrent_viewers_each_get_every_event(gw: Stack) -> None:
+    """Regression: on a busy gateway a quiet poll is no proof that a viewer has caught up; [DONE] waits for
+    the consumer to have nothing pending (early ends once delivered 3,707 of 30,000 events to 100 viewers)."""
+    cmd = json.dumps({"n": 150, "gap": 0.002})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "ticker/many", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    streams = await asyncio.gather(*(read_sse(gw.client, f"/v1/runs/{run_id}/events") for _ in range(20)))
+    for events in streams:
+        ticks = [e.json()["progress"]["content"][0]["text"] for e in events if e.event == "progress"]
+        assert ticks == [str(i) for i in range(150)]
+        assert events[-1].data == "[DONE]"
+    usage_seen = [e.json()["usage"] for e in streams[0] if e.event == "status"]
+    assert usage_seen, "status events carry the tree's usage"

@@ -51,6 +51,7 @@ async def tree_events(
     stream = rt.topology.names.progress_stream
     seen_at_start: dict[str, tuple[Any, Any]] = {}
     runs_at_start: list[dict[str, Any]] = []
+    usage: dict[str, int] = {}
     if last_event_id is None:
         runs = runs_at_start = await view.tree(root)
         usage = await view.usage(root)
@@ -70,6 +71,14 @@ async def tree_events(
     seen: dict[str, tuple[Any, Any]] = seen_at_start if last_event_id is None else {}
     sub = await rt.js.subscribe(subject, ordered_consumer=True, stream=stream, config=config)
     tap = TokenTap(rt)
+    # Re-read the usage counters only after one of them moved (three JetStream reads per event otherwise).
+    usage_moved = asyncio.Event()
+    usage_moved.set()
+
+    async def on_increment(_msg: Any) -> None:
+        usage_moved.set()
+
+    counters = await rt.nc.subscribe(view.counters_subject(root), cb=on_increment)
     for known in runs_at_start:
         await tap.watch(str(known.get("agent_id", "")), str(known["run_id"]))
     next_msg: asyncio.Task[Any] | None = None
@@ -133,7 +142,9 @@ async def tree_events(
                     await tap.watch(str(record.get("agent_id", "")), run_id)
                 if run_id == root_id and record is not None:
                     root = record
-            usage = await view.usage(root)
+            if usage_moved.is_set() or name == "status":
+                usage_moved.clear()
+                usage = await view.usage(root)
             data["usage"] = usage
             data["budget"] = budget_view(root, usage)
             yield _sse(last, name, data)
@@ -144,6 +155,8 @@ async def tree_events(
                 with contextlib.suppress(asyncio.CancelledError, Exception):
                     await task
         await tap.close()
+        with contextlib.suppress(Exception):
+            await counters.unsubscribe()
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
 

@@ -137,6 +137,14 @@ class RunsView:
         stored = root.get("usage") or {}
         return {d: max(live[d], int(stored.get(d, 0))) for d in DIMENSIONS}
 
+    def counters_subject(self, root: dict[str, Any]) -> str:
+        """Where the tree's usage counters are incremented (every dimension)."""
+        try:
+            namespace = AgentId.parse(str(root.get("agent_id", ""))).namespace
+        except ValueError:
+            namespace = self.rt.namespace
+        return f"{self.rt.prefix}.{escape_token(namespace)}.ctr.{escape_token(str(root['run_id']))}.*"
+
     async def _counter(self, stream: str, subject: str) -> int:
         try:
             msg = await self.rt.js.get_last_msg(stream, subject)
