@@ -97,3 +97,11 @@ class Ticker(Agent):
             if gap:
                 await asyncio.sleep(gap)
         return [TextBlock(text=f"ticked {n}")]
+
+
+@app.agent("tooler", description="reports a tool call and its result as progress steps")
+class Tooler(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        await ctx.emit_progress("tool_call", [TextBlock(text="search(q='sse')")])
+        await ctx.emit_progress("tool_result", [TextBlock(text="3 hits")])
+        return [TextBlock(text="done")]

@@ -232,3 +232,15 @@ async def test_many_concurrent_viewers_each_get_every_event(gw: Stack) -> None:
         assert events[-1].data == "[DONE]"
     usage_seen = [e.json()["usage"] for e in streams[0] if e.event == "status"]
     assert usage_seen, "status events carry the tree's usage"
+
+
+async def test_tool_steps_arrive_as_tool_call_events(gw: Stack) -> None:
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "tooler/t1", "input": text("x")})).json()[
+        "run_id"
+    ]
+    events = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+    tools = [e.json()["progress"] for e in events if e.event == "tool_call"]
+    assert [(t["step"], t["content"][0]["text"]) for t in tools] == [
+        ("tool_call", "search(q='sse')"),
+        ("tool_result", "3 hits"),
+    ]

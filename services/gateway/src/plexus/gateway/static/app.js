@@ -13,6 +13,7 @@ let state = null; // the run tree being watched
 let source = null; // its EventSource
 let liveAgents = new Set(); // "ns/type" refs with a live worker
 let renderQueued = false;
+let lastWorkersRefresh = 0;
 
 function authHeaders() {
   return token ? { Authorization: `Bearer ${token}` } : {};
@@ -86,8 +87,9 @@ function displayStatus(run) {
   const status = run.status || "pending";
   if (status === "failed" && run.error && run.error.error_type === "BudgetExhaustedError") return "budget exceeded";
   if (status === "pending" && run.attempts > 0 && run.retry_at) {
-    const max = run.retry && run.retry.max_attempts ? run.retry.max_attempts : "?";
-    return `retrying ${run.attempts}/${max}`;
+    const retries = run.retry && Number.isInteger(run.retry.max_retries) ? run.retry.max_retries : 3;
+    const last = run.error && run.error.error_type ? ` (${run.error.error_type})` : "";
+    return `retrying ${run.attempts}/${retries + 1}${last}`;
   }
   if (status === "running" && state && liveAgents.size && !liveAgents.has(agentRef(run.agent_id))) return "lost";
   if (status === "running" && state && childrenOf(run).some((c) => !TERMINAL.has(c.status))) {
@@ -119,6 +121,10 @@ function openTree(runId, selectNode) {
     const data = JSON.parse(e.data);
     if (data.run) upsertRun(data.run);
     applyUsage(data);
+    // Event-driven refreshes: the runs list when the root changes, the live workers (for "lost") at most
+    // every 5 s while statuses change.
+    if (data.run && data.run.run_id === state.rootId) loadRuns().catch((err) => console.warn(err));
+    if (Date.now() - lastWorkersRefresh > 5000) refreshWorkers();
   });
   source.addEventListener("token", (e) => {
     const data = JSON.parse(e.data);
@@ -379,6 +385,7 @@ $("cancel").onclick = async () => {
 
 // -- workers ----------------------------------------------------------------------------------------------
 async function refreshWorkers() {
+  lastWorkersRefresh = Date.now();
   try {
     const workers = await api("/v1/workers");
     liveAgents = new Set(workers.flatMap((w) => w.types));
