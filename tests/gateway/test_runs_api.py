@@ -244,3 +244,16 @@ async def test_tool_steps_arrive_as_tool_call_events(gw: Stack) -> None:
         ("tool_call", "search(q='sse')"),
         ("tool_result", "3 hits"),
     ]
+
+
+async def test_a_failed_run_streams_its_failure_and_is_found_by_the_failed_filter(gw: Stack) -> None:
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "failing/f1", "input": text("x")})).json()[
+        "run_id"
+    ]
+    events = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+    final = [e.json()["run"] for e in events if e.event == "status" and "run" in e.json()][-1]
+    assert final["status"] == "failed"
+    assert final["error"]["error_type"]
+    assert events[-1].data == "[DONE]"
+    failed = (await gw.client.get("/v1/runs", params={"status": "failed"})).json()["runs"]
+    assert [r["run_id"] for r in failed] == [run_id]

@@ -82,3 +82,14 @@ async def test_session_errors_are_typed(gw: Stack) -> None:
     empty = await gw.client.post(f"/v1/sessions/{sid}/run", json={"input": []})
     assert empty.status_code == 422
     assert empty.headers["content-type"] == "application/problem+json"
+
+
+async def test_a_failed_run_is_recorded_in_the_transcript_with_why(gw: Stack) -> None:
+    response = await gw.client.post("/v1/sessions", json={"agent_type": "failing"})
+    sid = response.json()["session_id"]
+    events = await read_sse(gw.client, f"/v1/sessions/{sid}/run", method="POST", body={"input": text("x")})
+    assert events[-1].data == "[DONE]"
+    transcript = (await gw.client.get(f"/v1/sessions/{sid}")).json()["transcript"]
+    assert [i["kind"] for i in transcript] == ["user", "custom"]
+    assert transcript[1]["metadata"]["plexus.custom_type"] == "plexus.run_ended"
+    assert transcript[1]["metadata"]["status"] == "failed"
