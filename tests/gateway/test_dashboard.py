@@ -121,6 +121,9 @@ async def test_workers_page_lists_live_workers(gw: Stack, page: Page) -> None:
     await page.goto(f"{gw.url}/?token={TOKEN}#workers")
     await expect(page.locator("#workers tr")).to_have_count(1)
     await expect(page.locator("#workers")).to_contain_text("default/leaf")
+    await expect(page.locator("#workers")).to_contain_text(
+        "default/leaf: 0,1,2,3,4,5,6,7,8,9,10,11,12,13,14,15"
+    )
 
 
 async def test_selected_agent_shows_its_streamed_text(gw: Stack, page: Page) -> None:

@@ -36,6 +36,9 @@ async def test_agents_lists_registered_types_with_their_live_workers(gw: Stack) 
     assert by_type["echo"]["workers"], "the worker hosting echo is listed"
     workers = (await gw.client.get("/v1/workers")).json()
     assert any("default/echo" in w["types"] for w in workers)
+    # Durable types' inbox partitions are leased by the (only) worker: all 16 of each.
+    owned = workers[0]["partitions"]
+    assert owned["default/echo"] == list(range(16))
 
 
 async def test_message_rpc_returns_the_reply(gw: Stack) -> None:

@@ -13,7 +13,7 @@ from plexus.core import AgentId, BaseBlock, content_block_to_dict
 from ._events import tree_events
 from ._models import AgentTypeOut, MessageIn, MessageOut, RunCreated, RunsPage, StartRun, WorkerOut
 from ._problems import PROBLEM_RESPONSES, Problem
-from ._runs import RunFilter, budget_view
+from ._runs import RunFilter, budget_view, partitions_by_worker
 from ._state import GatewayState, authorize, state
 
 __all__ = ["router", "sse_response", "tree_root"]
@@ -52,11 +52,21 @@ async def list_agents(
     ]
 
 
-@router.get("/workers", response_model=list[WorkerOut], summary="live workers (by heartbeat)")
+@router.get(
+    "/workers",
+    response_model=list[WorkerOut],
+    summary="live workers (by heartbeat) and the partitions they own",
+)
 async def list_workers(gw: Gw) -> list[WorkerOut]:
     workers = await gw.rt.registry.live_workers()
+    owned = await partitions_by_worker(gw.rt)
     return [
-        WorkerOut(worker_id=w.worker_id, types=list(w.types), detail=msgspec.to_builtins(w))
+        WorkerOut(
+            worker_id=w.worker_id,
+            types=list(w.types),
+            partitions=owned.get(w.worker_id, {}),
+            detail=msgspec.to_builtins(w),
+        )
         for w in sorted(workers, key=lambda w: w.worker_id)
     ]
 

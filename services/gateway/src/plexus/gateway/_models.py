@@ -78,7 +78,7 @@ class MessageOut(BaseModel):
 class WorkerOut(BaseModel):
     worker_id: str
     types: list[str]
-    partitions: list[int] = []
+    partitions: dict[str, list[int]] = {}
     detail: dict[str, Any] = {}
 
 

@@ -16,11 +16,11 @@ from typing import Any
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from plexus.core import AgentId
-from plexus.runtime import Runtime, escape_token
+from plexus.runtime import Runtime, escape_token, unescape_token
 
 from ._kv import keys_matching
 
-__all__ = ["TERMINAL", "RunFilter", "RunsView", "budget_view"]
+__all__ = ["TERMINAL", "RunFilter", "RunsView", "budget_view", "partitions_by_worker"]
 
 TERMINAL = frozenset({"completed", "failed", "cancelled"})
 #: The orchestrator's usage counters per tree, in the order the budget checks them.
@@ -154,3 +154,24 @@ class RunsView:
             return int(json.loads(msg.data or b"{}")["val"])
         except (ValueError, KeyError, TypeError):
             return 0
+
+
+async def partitions_by_worker(rt: Runtime) -> dict[str, dict[str, list[int]]]:
+    """worker id -> {"ns/type": [partitions]} from the leases in ``plexus_leases`` (key ``<ns>.<type>.<p>``,
+    value ``{"owner": worker id, ...}``); keys of another shape are skipped."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for key in await keys_matching(rt.topology.leases, ">"):
+        parts = key.split(".")
+        if len(parts) != 3 or not parts[2].isdigit():
+            continue
+        try:
+            entry = await rt.topology.leases.get(key)
+            owner = str(json.loads(entry.value or b"{}")["owner"])
+        except (KeyNotFoundError, NotFoundError, ValueError, KeyError, TypeError):
+            continue  # released or expired while we listed
+        ref = f"{unescape_token(parts[0])}/{unescape_token(parts[1])}"
+        out.setdefault(owner, {}).setdefault(ref, []).append(int(parts[2]))
+    for refs in out.values():
+        for ps in refs.values():
+            ps.sort()
+    return out

@@ -393,7 +393,11 @@ async function refreshWorkers() {
     body.replaceChildren();
     for (const w of workers) {
       const tr = document.createElement("tr");
-      tr.append(text("td", w.worker_id), text("td", w.types.join(", ")), text("td", w.detail.host || ""), text("td", String(w.detail.concurrency || "")));
+      const owned = Object.entries(w.partitions || {}).map(([ref, ps]) => `${ref}: ${ps.join(",")}`).join("; ");
+      tr.append(
+        text("td", w.worker_id), text("td", w.types.join(", ")), text("td", owned),
+        text("td", w.detail.host || ""), text("td", String(w.detail.concurrency || "")),
+      );
       body.append(tr);
     }
     queueRender();
