@@ -3,6 +3,7 @@ disabled or misled a worker before its fix, against a real nats-server and an in
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import AsyncIterator
 
@@ -294,3 +295,35 @@ def test_child_run_ids_are_deterministic_valid_and_keep_a_stable_time() -> None:
     assert RunId.parse(first).ulid.milliseconds == MessageId.parse(message).ulid.milliseconds  # type: ignore[union-attr]
     foreign = child_run_id(f"start-{parent}", 0, str(parent))
     assert RunId.parse(foreign).ulid.milliseconds == parent.ulid.milliseconds  # type: ignore[union-attr]
+
+
+@shared
+async def test_a_commit_fenced_by_someone_elses_log_write_keeps_the_keys_order(
+    served: Served, key: str
+) -> None:
+    """Found by the fuzzer: a client appended junk to an agent's EventLog subject, the owner's next commit was
+    fenced ("EventLog moved"), and the worker took itself for a zombie: it left A unacked, B and C overtook it
+    and A came back only after ack_wait. The owner that still holds the partition reloads and runs A again in
+    place, so A, B and C are answered in order."""
+    rt = served.rt
+    assert await rt.send_message(PING, AgentId("echo", key), timeout=DEADLINE) == PING  # a live activation
+    await rt.js.publish(rt.subjects.evlog("echo", key), b'[{"type":"junk"}]')
+    inbox = rt.nc.new_inbox()
+    order: list[str] = []
+
+    async def on_reply(msg: Msg) -> None:
+        order.append(msg.subject.rsplit(".", 1)[1])
+
+    sub = await rt.nc.subscribe(f"{inbox}.*", cb=on_reply)
+    try:
+        for tag in "ABC":
+            env = envelope(f"echo/{key}", reply_to=f"{inbox}.{tag}")
+            await rt.js.publish(
+                rt.subjects.inbox("echo", key), encode_envelope(env), headers=good_headers(env)
+            )
+        async with asyncio.timeout(4):  # well inside the worker's 5 s ack_wait: A is not left for redelivery
+            while len(order) < 3:  # noqa: ASYNC110 - replies arrive through the callback
+                await asyncio.sleep(0.02)
+    finally:
+        await sub.unsubscribe()
+    assert order == ["A", "B", "C"]

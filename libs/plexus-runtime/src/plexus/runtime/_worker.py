@@ -71,6 +71,10 @@ __all__ = ["Worker", "WorkerConfig"]
 log = logging.getLogger("plexus.worker")
 
 
+#: How often a message is run again in place when its commit is fenced while this worker holds the lease.
+_FENCED_RETRIES = 3
+
+
 class _LeaseLost(Exception):
     """The partition's lease was lost while the message ran: its new owner handles it, we commit nothing."""
 
@@ -338,20 +342,36 @@ class Worker:
 
     # -- handling -------------------------------------------------------------------------------------
     async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
+        owner = self._owners.get(work.agent_type.name) if work.durable else None
         try:
-            owner = self._owners.get(work.agent_type.name) if work.durable else None
-            if owner is not None and work.partition is not None and not owner.may_start(work.partition):
-                # Its partition moved on while it was queued, or this worker stalled past its lease and may
-                # have lost it without knowing yet: the owner runs it (not acked here), we must not.
-                return
-            await self._handle_in_order(work)
+            for fenced in range(_FENCED_RETRIES + 1):
+                if owner is not None and work.partition is not None and not owner.may_start(work.partition):
+                    # Its partition moved on while it was queued, or this worker stalled past its lease and
+                    # may have lost it without knowing yet: the owner runs it (not acked here), we must not.
+                    return
+                try:
+                    await self._handle_in_order(work)
+                    return
+                except (ConcurrentAppendError, CheckpointConflictError) as exc:
+                    self._activations.drop(agent_id)
+                    if owner is None or work.partition is None or not owner.may_start(work.partition):
+                        # Another activation committed first and we no longer hold the partition: we are a
+                        # zombie. Leave the message unacked; the partition's owner handles it.
+                        log.warning("fenced %s: %s", agent_id, exc)
+                        return
+                    # Still the owner: someone else wrote this agent's log or checkpoint (a client with
+                    # stream access). Reload from what is stored and run the message again in place, so
+                    # the key's next messages keep waiting behind it (FIFO) instead of overtaking it.
+                    log.warning(
+                        "commit of %s fenced while we hold its partition (%d): %s", agent_id, fenced, exc
+                    )
+            log.error(
+                "commit of %s fenced %d times while we hold its partition; left for redelivery",
+                agent_id,
+                _FENCED_RETRIES + 1,
+            )
         except _LeaseLost:
             log.warning("lease of %s lost while its handler ran; left to the partition's owner", agent_id)
-            self._activations.drop(agent_id)
-        except (ConcurrentAppendError, CheckpointConflictError) as exc:
-            # Another activation of this agent committed first: we are a zombie. Drop our copy and leave
-            # the message unacked; the partition's owner handles it.
-            log.warning("fenced %s: %s", agent_id, exc)
             self._activations.drop(agent_id)
         finally:
             if work.durable:
