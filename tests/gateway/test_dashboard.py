@@ -135,3 +135,17 @@ async def test_selected_agent_shows_its_streamed_text(gw: Stack, page: Page) -> 
     await expect(page.locator("#d-title")).to_have_text("streamer/ui")
     await expect(page.locator("#d-stream")).to_contain_text("tok")
     await gw.client.post(f"/v1/runs/{run_id}/cancel")
+
+
+async def test_a_wrong_token_closes_the_stream_and_asks_for_one(gw: Stack, page: Page) -> None:
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "echo/tok", "input": text("x")})).json()[
+        "run_id"
+    ]
+    await page.goto(f"{gw.url}/?token=wrong#run={run_id}")
+    await expect(page.locator("#conn")).to_have_attribute("data-state", "closed")
+    await expect(page.locator("#auth")).to_be_visible()
+    await page.locator("#token").fill(TOKEN)
+    await page.locator("#token-save").click()
+    await expect(page.locator('li.tree-node[data-agent="echo/tok"]')).to_have_attribute(
+        "data-status", "completed"
+    )

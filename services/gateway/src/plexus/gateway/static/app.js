@@ -34,6 +34,8 @@ $("token-save").onclick = () => {
   token = $("token").value.trim();
   localStorage.setItem("plexus.token", token);
   $("auth").hidden = true;
+  if (source) source.close();
+  state = null; // reopen the stream with the new token
   route();
 };
 
@@ -110,7 +112,17 @@ function openTree(runId, selectNode) {
   source = new EventSource(url);
   setConn("connecting");
   source.onopen = () => setConn("live");
-  source.onerror = () => setConn(state && state.done ? "ended" : "reconnecting"); // EventSource resumes with Last-Event-ID
+  source.onerror = () => {
+    if (state && state.done) return setConn("ended");
+    // EventSource retries (resuming with Last-Event-ID) unless the answer was an error status: then it is
+    // closed for good, most likely a missing or wrong token.
+    if (source.readyState === EventSource.CLOSED) {
+      setConn("closed");
+      $("auth").hidden = false;
+      return;
+    }
+    setConn("reconnecting");
+  };
   source.addEventListener("snapshot", (e) => {
     const data = JSON.parse(e.data);
     for (const r of data.runs) upsertRun(r);
