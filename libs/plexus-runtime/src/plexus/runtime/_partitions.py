@@ -86,8 +86,11 @@ class _Puller:
         inbox = self.nc.new_inbox()
         sub = await self.nc.subscribe(inbox)
         request = json.dumps({"batch": 0, "expires": int(self.EXPIRES_S * 1e9)})
+        me = asyncio.current_task()
         try:
-            while not self._stopped:
+            # `cancelling()` as well as the flag: nats-py can swallow a CancelledError inside a publish, and a
+            # loop that ignores it would keep an event loop from ever closing.
+            while not self._stopped and not (me is not None and me.cancelling()):
                 # Never ask for more than we have free handler slots for: memory stays bounded and unfetched
                 # messages stay in the stream where another owner could take them.
                 await self.slots.acquire()

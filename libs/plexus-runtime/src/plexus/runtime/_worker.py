@@ -214,7 +214,8 @@ class Worker:
         # Runs on through a graceful stop (which ends it at the end): the leases of partitions whose
         # in-flight work is still draining must stay renewed, or another worker would run that work again.
         # It stops on a flag, not only on cancel: nats-py can swallow a CancelledError inside a publish.
-        while not self._closed:
+        me = asyncio.current_task()
+        while not self._closed and not (me is not None and me.cancelling()):
             await asyncio.sleep(period)
             try:
                 await self._heartbeat()
@@ -255,7 +256,9 @@ class Worker:
         running) is still being worked on, so a long handler or a long queue is never redelivered while this
         worker lives. One sweeper for all messages: no task per message on the hot path."""
         interval = max(self.config.ack_wait_s / 3.0, 0.05)
-        while not self._closed:
+        me = asyncio.current_task()
+        # `cancelling()` too: a cancel swallowed inside `in_progress()` (a publish) must still end the loop.
+        while not self._closed and not (me is not None and me.cancelling()):
             await asyncio.sleep(interval)
             for work in list(self._unacked):
                 with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
