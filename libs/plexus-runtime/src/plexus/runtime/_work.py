@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -95,3 +95,22 @@ def _reply_text(reply: Reply) -> str | None:
     ]
     joined = "\n".join(t for t in texts if isinstance(t, str))
     return joined or None
+
+
+async def run_stoppable(
+    work: _Work, handle: Coroutine[Any, Any, list[BaseBlock] | None]
+) -> list[BaseBlock] | None:
+    """Run a durable message's handler in a task of its own (`work.task`), so losing the partition's lease
+    can stop it without stopping the key's mailbox. Returns None when it was stopped for a lost lease (the
+    worker then commits and acks nothing)."""
+    work.task = asyncio.ensure_future(handle)
+    try:
+        return await asyncio.shield(work.task)
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if work.lease_lost and (current is None or not current.cancelling()):
+            return None
+        work.task.cancel()
+        raise
+    finally:
+        work.task = None

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -63,7 +63,7 @@ from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
 from ._runend import RunEndReporter
 from ._subjects import checkpoint_key, escape_token, inbox_partition
-from ._work import WorkerConfig, _is_run_entry, _JsDelivery, _reply_text, _Work
+from ._work import WorkerConfig, _is_run_entry, _JsDelivery, _reply_text, _Work, run_stoppable
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -481,7 +481,7 @@ class Worker:
                     headers=dict(work.msg.headers or {}),
                 )
             )
-            result = await self._run_handler(work, handle) if work.durable else await handle
+            result = await run_stoppable(work, handle) if work.durable else await handle
             payload = payload_from_blocks(await self.rt.artifacts.offload(result or []))
             return Reply(id=env.id, ok=True, payload=payload, handled_by=self.worker_id)
         except RetriesExhausted as exhausted:  # keep the message with its context, then tell the orchestrator
@@ -493,23 +493,6 @@ class Worker:
         except Exception as exc:
             error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))
             return Reply(id=env.id, ok=False, error=error.to_wire(), handled_by=self.worker_id)
-
-    async def _run_handler(
-        self, work: _Work, handle: Coroutine[Any, Any, list[BaseBlock] | None]
-    ) -> list[BaseBlock] | None:
-        """Run a durable message's handler in a task of its own, so losing the partition's lease can stop
-        it (`_partition_lost`) without stopping the key's mailbox."""
-        work.task = asyncio.ensure_future(handle)
-        try:
-            return await asyncio.shield(work.task)
-        except asyncio.CancelledError:
-            current = asyncio.current_task()
-            if work.lease_lost and (current is None or not current.cancelling()):
-                return None  # `_handle` turns this into _LeaseLost: nothing is committed, nothing acked
-            work.task.cancel()
-            raise
-        finally:
-            work.task = None
 
     async def _invoke(self, inp: HandleInput) -> list[BaseBlock] | None:
         return await inp.agent.on_message(inp.blocks, inp.ctx)
