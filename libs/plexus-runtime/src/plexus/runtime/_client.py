@@ -46,6 +46,7 @@ from ._artifacts import ArtifactStore, check_payload_size, headers_size
 from ._cluster import OrchestratorClient
 from ._envelope import (
     HDR_MSG_ID,
+    HDR_TOPIC_TO,
     RESEND,
     RESEND_ID_SEP,
     Envelope,
@@ -56,6 +57,7 @@ from ._envelope import (
     encode_envelope,
     make_headers,
     payload_from_blocks,
+    topic_copy_id,
 )
 from ._eventlog import EventLog
 from ._interceptors import Interceptor, PublishInput, SendInput, TracingInterceptor, chain
@@ -417,21 +419,32 @@ class Runtime:
         # One publication: its payload is offloaded and encoded once, and it starts one run, not one each.
         payload = await self._payload(inp.blocks)
         run = inp.run or _root_run(inp.message_id)
+        stateless: list[str] = []
         for recipient in recipients:
             info = self._registry_cache.get_type(recipient.namespace, recipient.type)
+            if info is not None and not info.durable:
+                stateless.append(recipient.type)
+                continue
+            # A durable recipient keeps its own inbox message (its key's order, its fencing, at-least-once).
             # Per-recipient ids keep de-duplication per inbox while staying stable across publisher retries.
-            message_id = f"{inp.message_id}.{recipient.type}"
+            message_id = topic_copy_id(inp.message_id, recipient.type)
             env = self._envelope(payload, recipient, "publish", inp.sender, run, message_id, None, inp.topic)
             data = encode_envelope(env)
             headers = make_headers(env, inp.headers)
             check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
             subjects = self.subjects_for(recipient.namespace)
-            if info is not None and not info.durable:
-                await self.nc.publish(
-                    subjects.ephemeral(recipient.type, recipient.key), data, headers=headers
-                )
-            else:
-                await self.js.publish(subjects.inbox(recipient.type, recipient.key), data, headers=headers)
+            await self.js.publish(subjects.inbox(recipient.type, recipient.key), data, headers=headers)
+        if stateless:
+            # Every stateless recipient shares ONE core message on the topic subject: each stateless type's
+            # queue group (one worker per type) takes its copy from it (see Worker._on_topic).
+            first = recipients[0]
+            env = self._envelope(payload, first, "publish", inp.sender, run, inp.message_id, None, inp.topic)
+            data = encode_envelope(env)
+            headers = make_headers(env, inp.headers)
+            headers[HDR_TOPIC_TO] = " ".join(escape_token(t) for t in stateless)
+            check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
+            subjects = self.subjects_for(inp.topic.namespace)
+            await self.nc.publish(subjects.topic(inp.topic.type, inp.topic.source), data, headers=headers)
 
     async def add_subscription(self, subscription: Subscription) -> str:
         return await self.subscriptions.add(subscription)

@@ -22,6 +22,7 @@ from plexus.core import BaseBlock, content_blocks_from_json, content_blocks_to_j
 
 __all__ = [
     "HDR_MSG_ID",
+    "HDR_TOPIC_TO",
     "HDR_VERSION",
     "RESEND",
     "RESEND_ID_SEP",
@@ -41,6 +42,7 @@ __all__ = [
     "encode_reply",
     "make_headers",
     "payload_from_blocks",
+    "topic_copy_id",
     "trace_headers",
 ]
 
@@ -48,6 +50,9 @@ WIRE_VERSION = 1
 
 HDR_VERSION = "Plexus-V"
 HDR_MSG_ID = "Nats-Msg-Id"
+# A topic publication is one message; this header lists the stateless agent types it is for (space
+# separated, escaped tokens), so a worker's per-type queue group skips the others without decoding.
+HDR_TOPIC_TO = "Plexus-To"
 #: Metadata flag of a resend: a copy of an envelope whose first copy JetStream de-duplicated; the worker
 #: answers it from the checkpoint and never runs the handler for it. Its `Nats-Msg-Id` is the envelope id,
 #: `RESEND_ID_SEP` and a suffix.
@@ -316,6 +321,11 @@ def _check_header(name: str, value: str) -> None:
         raise ValueError(f"invalid header name {name!r}")
     if not isinstance(value, str) or "\r" in value or "\n" in value:
         raise ValueError(f"header {name!r} must be a str without CR/LF, got {value!r}")
+
+
+def topic_copy_id(publication_id: str, agent_type: str) -> str:
+    """The message id of agent type `agent_type`'s copy of a topic publication."""
+    return f"{publication_id}.{agent_type}"
 
 
 def make_headers(env: Envelope, extra: Mapping[str, str] | None = None) -> dict[str, str]:

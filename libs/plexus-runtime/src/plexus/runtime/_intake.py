@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 import msgspec
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, AgentNotFoundError, ProtocolError
+from plexus.core import AgentId, AgentNotFoundError, ProtocolError, TopicId
 
 from ._agent import App
 from ._deadletter import dead_letter
@@ -27,6 +27,7 @@ from ._envelope import (
     blocks_from_payload,
     decode_envelope,
     encode_reply,
+    topic_copy_id,
 )
 from ._subjects import SubjectTooLongError, checkpoint_key, reply_subject_problem
 from ._supervisor import new_root_run
@@ -50,16 +51,21 @@ class Intake:
         self.rt = rt
         self.worker_id = worker_id
 
-    async def read(self, msg: Msg, *, durable: bool) -> _Work | None:
-        """The work `msg` carries, or None when it was dead-lettered (and answered, and acked)."""
+    async def read(self, msg: Msg, *, durable: bool, topic_for: str | None = None) -> _Work | None:
+        """The work `msg` carries, or None when it was dead-lettered (and answered, and acked).
+
+        `topic_for` names the stateless agent type a topic publication (one message for all of its
+        stateless recipients) is read for: the work is that type's copy, addressed to the key of the
+        topic's source, with the per-recipient message id ``<publication id>.<type>``.
+        """
         try:
-            return await self._read(msg, durable)
+            return await self._read(msg, durable, topic_for)
         except Exception as exc:  # a check we did not foresee: still bad input, never a stuck message
             log.exception("intake of a message on %s failed", msg.subject)
             await self.dead_letter(msg, "garbage", f"{type(exc).__name__}: {exc}", None)
             return None
 
-    async def _read(self, msg: Msg, durable: bool) -> _Work | None:
+    async def _read(self, msg: Msg, durable: bool, topic_for: str | None) -> _Work | None:
         core_reply = None if durable else msg.reply
         if core_reply:
             problem = reply_subject_problem(core_reply)
@@ -71,6 +77,12 @@ class Intake:
         except WireError as exc:
             await self.dead_letter(msg, exc.reason, str(exc), None)
             return None
+        if topic_for is not None:
+            addressed = self._topic_copy(msg.subject, env, topic_for)
+            if isinstance(addressed, str):
+                await self.dead_letter(msg, "topic", addressed, env)
+                return None
+            env = addressed
         if env.reply_to is not None:
             problem = reply_subject_problem(env.reply_to)
             if problem is not None:
@@ -89,7 +101,7 @@ class Intake:
                 env, msg, Reply(id=env.id, ok=False, error=AgentNotFoundError(agent_id).to_wire())
             )
             return None
-        if not self._arrived_for(msg.subject, agent_id, durable):
+        if topic_for is None and not self._arrived_for(msg.subject, agent_id, durable):
             # Running it would activate the agent from another key's partition: two activations at once.
             await self.dead_letter(msg, "target", f"{env.target!r} arrived on {msg.subject!r}", env)
             return None
@@ -114,6 +126,21 @@ class Intake:
         return _Work(
             msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable, blocks=blocks
         )
+
+    def _topic_copy(self, subject: str, env: Envelope, agent_type: str) -> Envelope | str:
+        """`env` (a topic publication) re-addressed to `agent_type`, or what is wrong with it."""
+        if env.kind != "publish" or env.topic is None:
+            return f"a {env.kind!r} envelope without a topic arrived on topic subject {subject!r}"
+        try:
+            topic = TopicId.parse(env.topic)
+        except ValueError as exc:
+            return f"topic {env.topic!r}: {exc}"
+        if topic.namespace != self.app.namespace:
+            return f"topic {env.topic!r} is not of namespace {self.app.namespace!r}"
+        if subject != self.rt.subjects_for(topic.namespace).topic(topic.type, topic.source):
+            return f"topic {env.topic!r} arrived on {subject!r}"
+        target = AgentId(agent_type, topic.source, topic.namespace)
+        return msgspec.structs.replace(env, id=topic_copy_id(env.id, agent_type), target=str(target))
 
     def _arrived_for(self, subject: str, agent_id: AgentId, durable: bool) -> bool:
         """Whether `subject` is the inbox of `agent_id` (the one its partition and mailbox follow)."""

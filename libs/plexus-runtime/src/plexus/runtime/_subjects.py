@@ -279,6 +279,14 @@ class Subjects:
         """``<prefix>.<ns>.topic.<type>.<source>``."""
         return self._two("topic", topic_type, source)
 
+    def topic_wildcard(self) -> str:
+        """``<prefix>.<ns>.topic.>``: every topic publication of the namespace."""
+        return _check(f"{self.base}.topic.>")
+
+    def topic_queue(self, agent_type: str) -> str:
+        """The queue group in which the workers serving stateless type `agent_type` share publications."""
+        return _check(f"{self.base}.topicq.{escape_token(agent_type)}")
+
     def progress(self, root_run: str, agent_type: str, key: str) -> str:
         """``<prefix>.<ns>.progress.<root_run>.<type>.<key>``."""
         return _check(

@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -40,6 +40,7 @@ from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from ._context import Context
 from ._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor, _cancel_hard
 from ._envelope import (
+    HDR_TOPIC_TO,
     RESEND,
     Envelope,
     Reply,
@@ -173,6 +174,15 @@ class Worker:
                     cb=self._on_ephemeral,
                 )
                 self._subs.append(sub)
+                # Topic publications: one core message for all stateless recipients; this type's queue group
+                # takes it once (one worker of the type), and only if the publisher listed the type.
+                self._subs.append(
+                    await self.rt.nc.subscribe(
+                        subjects.topic_wildcard(),
+                        queue=subjects.topic_queue(agent_type.name),
+                        cb=self._on_topic(agent_type.name),
+                    )
+                )
         for owner in self._owners.values():
             await owner.rebalance()
         ns = escape_token(self.app.namespace)
@@ -336,6 +346,19 @@ class Worker:
         work = await self._intake.read(msg, durable=False)
         if work is not None:
             self._mailboxes.put(work.agent_id, work)
+
+    def _on_topic(self, agent_type: str) -> Callable[[Msg], Awaitable[None]]:
+        token = escape_token(agent_type)
+
+        async def on_topic(msg: Msg) -> None:
+            listed = (msg.headers or {}).get(HDR_TOPIC_TO, "")
+            if token not in listed.split(" "):
+                return  # a publication for other types: not this type's to read (nor to dead-letter)
+            work = await self._intake.read(msg, durable=False, topic_for=agent_type)
+            if work is not None:
+                self._mailboxes.put(work.agent_id, work)
+
+        return on_topic
 
     async def _dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
         await self._intake.dead_letter(msg, reason, detail, env)

@@ -1,0 +1,146 @@
+"""Topic fan-out as one message (issue 12 item 4): a publication to stateless subscribers is ONE core NATS
+message on the topic subject, each subscribed stateless type handles it exactly once however many workers
+host it, durable subscribers keep their own inbox message, and bad topic messages are dead-lettered."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from typing import ClassVar
+
+import msgspec
+from nats.aio.msg import Msg
+
+from plexus.core import AgentId, BaseBlock, TextBlock, TopicId
+from plexus.runtime import Agent, App, Context, Runtime, TypeSubscription
+from plexus.runtime._envelope import HDR_TOPIC_TO, Envelope, encode_envelope, payload_from_blocks
+
+from .apps_misc import dead_letters
+from .conftest import StartWorker
+
+TYPES = ("fan-a", "fan-b", "fan-c")
+
+
+class Counting(Agent):
+    """Records (type, key, text, message id) of every message it handles."""
+
+    seen: ClassVar[asyncio.Queue[tuple[str, str, str]]]
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> None:
+        body = "".join(getattr(b, "text", "") for b in blocks)
+        Counting.seen.put_nowait((ctx.agent_id.type, ctx.agent_id.key, body))
+
+
+def fan_app() -> App:
+    app = App()
+    for name in TYPES:
+        app.register(name, lambda _id: Counting(), durable=False)
+    app.register("fan-durable", lambda _id: Counting())
+    return app
+
+
+async def _collect(n: int, timeout: float = 10.0) -> list[tuple[str, str, str]]:
+    return [await asyncio.wait_for(Counting.seen.get(), timeout) for _ in range(n)]
+
+
+async def test_a_publication_is_one_message_and_each_type_handles_it_once(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    Counting.seen = asyncio.Queue()
+    # Two workers host the same types: each type's copy must still run once, not once per worker.
+    await start_worker(fan_app())
+    await start_worker(fan_app())
+    for name in (*TYPES, "fan-durable"):
+        await runtime.add_subscription(TypeSubscription(topic_type="fan", agent_type=name))
+    on_topic: list[Msg] = []
+    on_eph: list[Msg] = []
+
+    async def topic_cb(msg: Msg) -> None:
+        on_topic.append(msg)
+
+    async def eph_cb(msg: Msg) -> None:
+        on_eph.append(msg)
+
+    await runtime.nc.subscribe(runtime.subjects.topic_wildcard(), cb=topic_cb)
+    await runtime.nc.subscribe(f"{runtime.subjects.base}.eph.>", cb=eph_cb)
+    await runtime.nc.flush()
+
+    rounds = 20
+    for i in range(rounds):
+        assert await runtime.publish_message([TextBlock(text=f"m{i}")], TopicId("fan", "room")) == 4
+    got = await _collect(rounds * 4)
+    per_type = Counter(t for t, _, _ in got)
+    assert per_type == dict.fromkeys((*TYPES, "fan-durable"), rounds)
+    assert {key for _, key, _ in got} == {"room"}
+    sent = [f"m{i}" for i in range(rounds)]
+    # A durable subscriber keeps its key's order; a stateless type's copies may run on either worker.
+    assert [b for t, _, b in got if t == "fan-durable"] == sent
+    for name in TYPES:
+        assert sorted(b for t, _, b in got if t == name) == sorted(sent)
+    await asyncio.sleep(0.3)  # nothing more may arrive: no second copy from the other worker
+    assert Counting.seen.empty()
+    # One core message per publication for the three stateless types, none on their per-key subjects.
+    assert len(on_topic) == rounds
+    assert on_eph == []
+    assert sorted(on_topic[0].headers[HDR_TOPIC_TO].split(" ")) == sorted(TYPES)  # type: ignore[index]
+
+
+async def test_a_type_without_a_subscription_never_sees_the_publication(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    Counting.seen = asyncio.Queue()
+    await start_worker(fan_app())
+    await runtime.add_subscription(TypeSubscription(topic_type="only-a", agent_type="fan-a"))
+    assert await runtime.publish_message([TextBlock(text="x")], TopicId("only-a", "k")) == 1
+    assert await _collect(1) == [("fan-a", "k", "x")]
+    await asyncio.sleep(0.3)
+    assert Counting.seen.empty()
+
+
+def _topic_envelope(topic: str, *, kind: str = "publish") -> Envelope:
+    return Envelope(
+        id="01JTOPIC0000000000000000AA",
+        kind=kind,  # type: ignore[arg-type]
+        target="fan-a/k",
+        topic=topic,
+        payload=payload_from_blocks([TextBlock(text="bad")]),
+        sent_at=time.time(),
+    )
+
+
+async def test_bad_topic_messages_are_dead_lettered_and_the_worker_keeps_serving(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    Counting.seen = asyncio.Queue()
+    await start_worker(fan_app())
+    await runtime.add_subscription(TypeSubscription(topic_type="fan", agent_type="fan-a"))
+    subject = runtime.subjects.topic("fan", "k")
+    cases: list[tuple[bytes, dict[str, str], str]] = []
+    good_headers = {"Nats-Msg-Id": "01JTOPIC0000000000000000AA", "Plexus-V": "1", HDR_TOPIC_TO: "fan-a"}
+    cases.append((b"\xff not json", good_headers, "garbage"))
+    # The envelope names another topic than the subject it arrived on.
+    cases.append((encode_envelope(_topic_envelope("default/other/k")), good_headers, "topic"))
+    # A send envelope on a topic subject.
+    cases.append((encode_envelope(_topic_envelope("default/fan/k", kind="send")), good_headers, "topic"))
+    async with dead_letters(runtime) as dlq:
+        for data, headers, _ in cases:
+            await runtime.nc.publish(subject, data, headers=headers)
+        reasons = []
+        for _ in cases:
+            dead = await dlq.expect(lambda m: (m.headers or {}).get("Plexus-Dlq-Subject") == subject)
+            reasons.append((dead.headers or {})["Plexus-Dlq-Reason"])
+    assert reasons[1:] == ["topic", "topic"]
+    assert reasons[0] in {"garbage", "json", "schema", "header"}
+    # A message that does not list a hosted type is not this worker's: neither handled nor dead-lettered.
+    env = msgspec.structs.replace(_topic_envelope("default/fan/k"), id="01JTOPIC0000000000000000AB")
+    await runtime.nc.publish(
+        subject,
+        encode_envelope(env),
+        headers={"Nats-Msg-Id": env.id, "Plexus-V": "1", HDR_TOPIC_TO: "someone-else"},
+    )
+    # And the worker still serves publications and requests.
+    assert await runtime.publish_message([TextBlock(text="ok")], TopicId("fan", "k")) == 1
+    assert await _collect(1) == [("fan-a", "k", "ok")]
+    assert await runtime.send_message([TextBlock(text="hi")], AgentId("fan-b", "z"), timeout=10) == []
+    assert Counting.seen.get_nowait() == ("fan-b", "z", "hi")
