@@ -68,6 +68,18 @@ ROWS = (
     # bench/llm_bench.py: (run of 2 turns + 1 tool - 2 bare SDK calls) / 2, against a fake OpenAI provider.
     Row("LLM loop overhead per model turn p50", "ms", None, "llm.overhead_per_turn.p50_ms", None, False),
     Row("LLM loop CPU per model turn", "ms", None, "llm.cpu_per_turn_ms", None, False),
+    # bench/scale_bench.py: a durable type whose handler awaits 50 ms, 4 handlers at once per worker process.
+    *(
+        Row(f"scale-out, {n} worker(s) (50 ms handler)", "msg/s", None, f"scale.{n}", None, False)
+        for n in (1, 2, 4)
+    ),
+    *(
+        Row(f"scale-out throughput {n} workers / 1", "×", None, f"scale.ratio.{n}", None, False)
+        for n in (2, 4)
+    ),
+    Row("rebalance: a worker joins", "s", None, "rebalance.join", None, False),
+    Row("rebalance: a worker leaves (graceful)", "s", None, "rebalance.leave", None, False),
+    Row("rebalance: a worker is killed (lease TTL 10 s)", "s", None, "rebalance.crash", None, False),
 )
 
 
@@ -127,6 +139,7 @@ TARGETS = (
     ),
     Target("fan-out ≥ 0.8× raw", _ratio("plexus.fanout", "raw.fanout"), 0.8),
     Target("distinct keys ≥ 0.9× the 10-key throughput", _median("plexus.keys.ratio"), 0.9),
+    *(Target(f"scale-out ≥ 0.9 × {n} ({n} workers)", _median(f"scale.ratio.{n}"), 0.9 * n) for n in (2, 4)),
     Target("≤ 4 KB (4096 B) per idle activation", _median("plexus.mem.per_activation"), 4096.0, at_most=True),
 )
 

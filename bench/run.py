@@ -316,6 +316,12 @@ def main() -> int:
                 result = procs.client("plexus-llm", llm_cmd, client_timeout)
             metrics.update(result["metrics"])
             client_info["plexus-llm"] = result["info"]
+            print("bench: Plexus scale-out (1, 2, 4 worker processes, 50 ms handlers) …", flush=True)
+            with phase(logs, env) as procs:
+                scale_cmd = [py, "-m", "bench.scale_bench", "--url", server.url, "--mode", mode]
+                result = procs.client("plexus-scale", scale_cmd, client_timeout)
+            metrics.update(result["metrics"])
+            client_info["plexus-scale"] = result["info"]
         if autogen_python is not None:
             print("bench: AutoGen gRPC …", flush=True)
             address = f"127.0.0.1:{_free_port()}"
