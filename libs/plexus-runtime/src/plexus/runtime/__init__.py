@@ -14,6 +14,7 @@ from ._agent import Agent, AgentFactory, AgentType, App
 from ._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
 from ._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
 from ._client import Runtime
+from ._connection import Connection
 from ._context import Context
 from ._envelope import (
     WIRE_VERSION,
@@ -31,9 +32,12 @@ from ._interceptors import (
     Delivery,
     HandleInput,
     Interceptor,
+    ProgressInput,
     PublishInput,
     SendInput,
+    SpawnInput,
     TracingInterceptor,
+    UsageInput,
 )
 from ._registry import AgentTypeInfo, Registry, WorkerInfo
 from ._server import NatsCluster, NatsServer, NatsServerError
@@ -55,6 +59,7 @@ __all__ = [
     "Checkpoint",
     "CheckpointConflictError",
     "CheckpointStore",
+    "Connection",
     "Context",
     "DeadlineInterceptor",
     "Delivery",
@@ -68,12 +73,14 @@ __all__ = [
     "NatsServer",
     "NatsServerError",
     "PayloadTooLargeError",
+    "ProgressInput",
     "PublishInput",
     "Registry",
     "Reply",
     "RunInfo",
     "Runtime",
     "SendInput",
+    "SpawnInput",
     "SubjectTooLongError",
     "Subjects",
     "Subscription",
@@ -84,6 +91,7 @@ __all__ = [
     "TracingInterceptor",
     "TypePrefixSubscription",
     "TypeSubscription",
+    "UsageInput",
     "WireError",
     "Worker",
     "WorkerConfig",

@@ -69,6 +69,8 @@ class AgentType:
     time_limit_s: float | None = None
     retry: RetryPolicy | None = None
     metadata: Mapping[str, str] = field(default_factory=dict)
+    #: Options for the app's interceptors, each declared by one of them (see `Interceptor.options`).
+    options: Mapping[str, Any] = field(default_factory=dict)
 
     async def create(self, agent_id: AgentId) -> Agent:
         made = self.factory(agent_id)
@@ -100,9 +102,21 @@ class App:
         time_limit_s: float | None = None,
         retry: RetryPolicy | None = None,
         metadata: Mapping[str, str] | None = None,
+        options: Mapping[str, Any] | None = None,
     ) -> AgentType:
-        """Register an agent type; the factory is not called until a message arrives for a key."""
+        """Register an agent type; the factory is not called until a message arrives for a key.
+
+        `options` are read by the app's interceptors: each key must be declared by an installed interceptor
+        (install interceptors first), so a misspelt option fails here instead of being silently ignored.
+        """
         AgentId(name, "k", self.namespace)  # same validation as an AgentId's type
+        unknown = sorted(set(options or {}) - self.declared_options())
+        if unknown:
+            declared = ", ".join(sorted(self.declared_options())) or "none"
+            raise ValueError(
+                f"agent type {name!r}: option(s) {', '.join(map(repr, unknown))} are read by no installed "
+                f"interceptor (declared: {declared})"
+            )
         if name in self._types:
             raise ValueError(f"agent type {name!r} is already registered in this app")
         if not 1 <= partitions <= 1024:
@@ -120,6 +134,7 @@ class App:
             time_limit_s=time_limit_s,
             retry=retry,
             metadata=dict(metadata or {}),
+            options=dict(options or {}),
         )
         self._types[name] = agent_type
         return agent_type
@@ -135,6 +150,10 @@ class App:
 
     def add_interceptor(self, interceptor: Interceptor) -> None:
         self.interceptors.append(interceptor)
+
+    def declared_options(self) -> frozenset[str]:
+        """Every agent-type option some installed interceptor reads."""
+        return frozenset().union(*(type(i).options for i in self.interceptors))
 
     @property
     def types(self) -> Mapping[str, AgentType]:

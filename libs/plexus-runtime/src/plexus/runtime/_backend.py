@@ -1,4 +1,8 @@
-"""The worker's implementation of `ContextBackend`: what `ctx.send`, `ctx.emit_progress`, … actually do."""
+"""The worker's implementation of `ContextBackend`: what `ctx.send`, `ctx.emit_progress`, … actually do.
+
+Each `Context` call with an interception point (send, publish, usage, spawn, emit_progress) runs through the
+chain of the app's interceptors that override it; with none, the call goes straight to its terminal.
+"""
 
 from __future__ import annotations
 
@@ -16,6 +20,7 @@ from plexus.core import (
     BaseBlock,
     CancellationError,
     KernelError,
+    MessageId,
     ReasoningDelta,
     RunChildCompleted,
     RunChildSpawned,
@@ -26,6 +31,7 @@ from plexus.core import (
 
 from ._context import Context
 from ._eventlog import EventLog
+from ._interceptors import ProgressInput, PublishInput, SendInput, SpawnInput, UsageInput, chain
 from ._orchestration import FinishedReport
 from ._supervisor import LocalSupervisor, Supervisor, child_run_id, new_root_run
 
@@ -41,6 +47,14 @@ class WorkerBackend:
         self.worker = worker
         self.supervisor: Supervisor = supervisor or LocalSupervisor()
         self._bound: dict[int, Activation] = {}
+        icpt = worker.app.interceptors
+        rt = worker.rt
+        # Outbound sends and publications continue into the Runtime's own (client) chain.
+        self._send = chain(icpt, "send", rt._send_chain)
+        self._publish = chain(icpt, "publish", rt._publish_chain)
+        self._usage = chain(icpt, "usage", self._usage_terminal)
+        self._spawn = chain(icpt, "spawn", self._spawn_terminal)
+        self._progress = chain(icpt, "emit_progress", self._progress_terminal)
 
     def bind(self, ctx: Context, activation: Activation) -> None:
         self._bound[id(ctx)] = activation
@@ -60,16 +74,38 @@ class WorkerBackend:
     async def send_from(
         self, ctx: Context, blocks: Sequence[BaseBlock], recipient: AgentId, timeout_s: float
     ) -> list[BaseBlock]:
-        return await self.worker.rt.send_message(
-            blocks, recipient, timeout=timeout_s, sender=ctx.agent_id, run=ctx.run
+        if timeout_s <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout_s}")
+        inp = SendInput(
+            blocks=list(blocks),
+            recipient=recipient,
+            sender=ctx.agent_id,
+            message_id=str(MessageId.new()),
+            timeout_s=timeout_s,
+            headers={},
+            run=ctx.run,
         )
+        result: list[BaseBlock] = await self._send(inp)
+        return result
 
     async def publish_from(self, ctx: Context, blocks: Sequence[BaseBlock], topic: TopicId) -> None:
-        await self.worker.rt.publish_message(blocks, topic, sender=ctx.agent_id, run=ctx.run)
+        inp = PublishInput(
+            blocks=list(blocks),
+            topic=topic,
+            sender=ctx.agent_id,
+            message_id=str(MessageId.new()),
+            headers={},
+            run=ctx.run,
+        )
+        await self._publish(inp)
 
     async def progress_from(
         self, ctx: Context, step: AgentStep, content: Sequence[BaseBlock], metadata: Mapping[str, Any]
     ) -> None:
+        await self._progress(ProgressInput(ctx=ctx, step=step, content=list(content), metadata=metadata))
+
+    async def _progress_terminal(self, inp: ProgressInput) -> None:
+        ctx, step, content, metadata = inp.ctx, inp.step, inp.content, inp.metadata
         activation = self._activation(ctx)
         activation.progress_seq += 1
         run = self._run(ctx)
@@ -99,7 +135,10 @@ class WorkerBackend:
         await self.worker.rt.nc.publish(subject, event.model_dump_json().encode())
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
-        await self.supervisor.consume(self._run(ctx), ctx.agent_id, usage, turns)
+        await self._usage(UsageInput(ctx=ctx, usage=usage, turns=turns))
+
+    async def _usage_terminal(self, inp: UsageInput) -> None:
+        await self.supervisor.consume(self._run(inp.ctx), inp.ctx.agent_id, inp.usage, inp.turns)
 
     async def check_from(self, ctx: Context) -> None:
         await self.supervisor.check(self._run(ctx))
@@ -112,6 +151,12 @@ class WorkerBackend:
         priority: int | None,
         timeout_s: float,
     ) -> list[BaseBlock]:
+        inp = SpawnInput(ctx=ctx, child=child, blocks=list(blocks), priority=priority, timeout_s=timeout_s)
+        result: list[BaseBlock] = await self._spawn(inp)
+        return result
+
+    async def _spawn_terminal(self, inp: SpawnInput) -> list[BaseBlock]:
+        ctx, child, blocks, priority, timeout_s = inp.ctx, inp.child, inp.blocks, inp.priority, inp.timeout_s
         activation = self._activation(ctx)
         parent = self._run(ctx)
         ordinal = ctx._spawned  # taken before any await: concurrent spawns number in call order

@@ -44,6 +44,7 @@ from plexus.core import (
 
 from ._artifacts import ArtifactStore, check_payload_size, headers_size
 from ._cluster import OrchestratorClient
+from ._connection import Connection
 from ._envelope import (
     HDR_MSG_ID,
     HDR_TOPIC_TO,
@@ -117,6 +118,20 @@ class Runtime:
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._send_terminal)
         self._publish_chain = chain(icpt, "publish", self._publish_terminal)
+
+    @property
+    def connection(self) -> Connection:
+        """The cluster handles of this runtime as one value (what interceptors and components receive)."""
+        return Connection(
+            nc=self.nc,
+            js=self.js,
+            topology=self.topology,
+            prefix=self.prefix,
+            namespace=self.namespace,
+            partitions=self.partitions,
+            registry=self.registry,
+            artifacts=self.artifacts,
+        )
 
     # -- construction ---------------------------------------------------------------------------------
     @classmethod

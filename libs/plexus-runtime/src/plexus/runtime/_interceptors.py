@@ -1,8 +1,12 @@
-"""The interceptor chain: each cross-cutting feature wraps "handle one envelope", "send" or "publish".
+"""The interceptor chain: each cross-cutting feature wraps one interception point.
 
-Each interception point takes ONE frozen input dataclass and a `call_next`; adding a field to an input never
-breaks an interceptor. The worker and client know nothing of time limits, keep-alives or tracing: those are
-interceptors here (and budgets/retries come from the orchestrator the same way).
+Points: ``handle`` (one envelope), ``send`` / ``publish`` (from a client, or from a handler through
+``ctx.send`` / ``ctx.publish``), and the other `Context` calls a handler makes: ``usage``, ``spawn`` and
+``emit_progress``. Each takes ONE frozen input dataclass and a `call_next`; adding a field to an input never
+breaks an interceptor. An interceptor that does not override a point is left out of that point's chain, so
+features nobody configured cost nothing. Interceptors also get a lifecycle (`start` / `stop`, with the
+worker) and declare the agent-type options they read (`options`, as dramatiq's middleware declares
+``actor_options``): registering a type with an option no installed interceptor declares is an error.
 """
 
 from __future__ import annotations
@@ -11,15 +15,16 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from plexus.core import AgentId, BaseBlock, CancellationError, TopicId
+from plexus.core import AgentId, AgentStep, BaseBlock, CancellationError, TopicId, Usage
 
 if TYPE_CHECKING:
     from ._agent import Agent, AgentType
+    from ._connection import Connection
     from ._context import Context
     from ._envelope import Envelope
 
@@ -28,10 +33,14 @@ __all__ = [
     "Delivery",
     "HandleInput",
     "Interceptor",
+    "ProgressInput",
     "PublishInput",
     "SendInput",
+    "SpawnInput",
     "TracingInterceptor",
+    "UsageInput",
     "chain",
+    "overrides",
 ]
 
 
@@ -77,13 +86,58 @@ class PublishInput:
     run: Any = None
 
 
+@dataclass(frozen=True)
+class UsageInput:
+    """``ctx.usage(...)``: consumption reported by a handler (the terminal charges the tree budget)."""
+
+    ctx: Context
+    usage: Usage
+    turns: int
+
+
+@dataclass(frozen=True)
+class SpawnInput:
+    """``ctx.spawn(...)``: a child run started by a handler."""
+
+    ctx: Context
+    child: AgentId
+    blocks: list[BaseBlock]
+    priority: int | None
+    timeout_s: float
+
+
+@dataclass(frozen=True)
+class ProgressInput:
+    """``ctx.emit_progress(...)``: a progress event on the run tree's subject."""
+
+    ctx: Context
+    step: AgentStep
+    content: list[BaseBlock]
+    metadata: Mapping[str, Any]
+
+
 HandleNext = Callable[[HandleInput], Awaitable[list[BaseBlock] | None]]
 SendNext = Callable[[SendInput], Awaitable[list[BaseBlock]]]
 PublishNext = Callable[[PublishInput], Awaitable[None]]
+UsageNext = Callable[[UsageInput], Awaitable[None]]
+SpawnNext = Callable[[SpawnInput], Awaitable[list[BaseBlock]]]
+ProgressNext = Callable[[ProgressInput], Awaitable[None]]
 
 
 class Interceptor:
-    """Base interceptor: every hook delegates to `call_next` unless overridden."""
+    """Base interceptor: every hook delegates to `call_next` unless overridden.
+
+    `options` names the agent-type options (``App.register(..., options={...})``) this interceptor reads
+    from ``inp.agent_type.options``; `start` and `stop` run when a worker hosting it starts and stops.
+    """
+
+    options: ClassVar[frozenset[str]] = frozenset()
+
+    async def start(self, connection: Connection, worker_id: str) -> None:
+        """Called once when the worker starts, before any message is handled."""
+
+    async def stop(self) -> None:
+        """Called once when the worker has stopped handling messages (after its drain)."""
 
     async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
         return await call_next(inp)
@@ -94,11 +148,30 @@ class Interceptor:
     async def publish(self, inp: PublishInput, call_next: PublishNext) -> None:
         return await call_next(inp)
 
+    async def usage(self, inp: UsageInput, call_next: UsageNext) -> None:
+        return await call_next(inp)
+
+    async def spawn(self, inp: SpawnInput, call_next: SpawnNext) -> list[BaseBlock]:
+        return await call_next(inp)
+
+    async def emit_progress(self, inp: ProgressInput, call_next: ProgressNext) -> None:
+        return await call_next(inp)
+
+
+def overrides(interceptor: Interceptor, hook: str) -> bool:
+    """Whether `interceptor` does something at `hook` (the base class only passes the call on)."""
+    return getattr(type(interceptor), hook) is not getattr(Interceptor, hook)
+
 
 def chain(interceptors: Sequence[Interceptor], hook: str, terminal: Callable[[Any], Awaitable[Any]]) -> Any:
-    """Compose `interceptors` around `terminal` for one hook; the first interceptor is the outermost."""
+    """Compose `interceptors` around `terminal` for one hook; the first interceptor is the outermost.
+
+    Interceptors that do not override `hook` are skipped: with none left, the terminal itself is returned.
+    """
     call: Callable[[Any], Awaitable[Any]] = terminal
     for interceptor in reversed(interceptors):
+        if not overrides(interceptor, hook):
+            continue
         method = getattr(interceptor, hook)
         call = _bind(method, call)
     return call

@@ -129,6 +129,10 @@ class Worker:
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
+        # Interceptors are ready before the first message can arrive (they may open their own resources).
+        connection = self.rt.connection
+        for interceptor in self.app.interceptors:
+            await interceptor.start(connection, self.worker_id)
         for agent_type in self.app.types.values():
             await self.rt.registry.register_type(
                 AgentTypeInfo(
@@ -325,6 +329,11 @@ class Worker:
             await asyncio.wait(self._tasks, timeout=5)
         with contextlib.suppress(Exception):
             await self.rt.registry.remove_worker(self.worker_id)
+        for interceptor in reversed(self.app.interceptors):
+            try:
+                await interceptor.stop()
+            except Exception:  # one interceptor's failure to stop must not keep the others open
+                log.exception("interceptor %s failed to stop", type(interceptor).__name__)
 
     # -- intake ---------------------------------------------------------------------------------------
     async def _dispatch_durable(self, partition: int, msg: Msg, done: Callable[[], None]) -> None:

@@ -1,0 +1,38 @@
+"""`Connection`: the cluster handles a component needs, as one value instead of the whole `Runtime`.
+
+Interceptors receive it in `Interceptor.start`; it names what they may use (the NATS connection, JetStream,
+the topology's streams and buckets, subjects, the registry, the artifact store) without reaching into the
+client object that also runs RPCs, subscriptions and reply routing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from nats.aio.client import Client as NATS
+from nats.js import JetStreamContext
+
+from ._artifacts import ArtifactStore
+from ._registry import Registry
+from ._subjects import Subjects
+from ._topology import Topology
+
+__all__ = ["Connection"]
+
+
+@dataclass(frozen=True, slots=True)
+class Connection:
+    """One process's connection to a Plexus cluster (shared, never closed through this value)."""
+
+    nc: NATS
+    js: JetStreamContext
+    topology: Topology
+    prefix: str
+    namespace: str
+    partitions: int
+    registry: Registry
+    artifacts: ArtifactStore
+
+    def subjects_for(self, namespace: str | None = None) -> Subjects:
+        """The subject builders of `namespace` (default: this connection's namespace)."""
+        return Subjects(prefix=self.prefix, namespace=namespace or self.namespace)
