@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, BaseBlock, MessageId, RunId
+from plexus.core import AgentId, BaseBlock, KernelError, MessageId, RunId
 
 from ._agent import AgentType
 from ._envelope import Envelope, Reply
@@ -40,6 +41,34 @@ class _JsDelivery:
 
 def _nothing() -> None:
     return None
+
+
+class Outcome(enum.Enum):
+    """How one message ends on this worker; `Worker._settle` is the one place that carries it out."""
+
+    #: Handled (its effects committed, its reply sent): acknowledged.
+    ACK = "ack"
+    #: Not acknowledged: JetStream redelivers it to the partition's owner after ack_wait (a lost lease, a
+    #: fenced zombie commit, a stop while it ran, an unreachable orchestrator for its run-end report).
+    LEAVE = "leave"
+    #: Copied to the dead-letter stream with a reason, answered with a typed error, acknowledged.
+    DEAD_LETTER = "dead_letter"
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    outcome: Outcome
+    reason: str = ""
+    detail: str = ""
+    error: KernelError | None = None
+
+
+ACK = Settlement(Outcome.ACK)
+LEAVE = Settlement(Outcome.LEAVE)
+
+
+def dead_letter_with(reason: str, detail: str, error: KernelError) -> Settlement:
+    return Settlement(Outcome.DEAD_LETTER, reason, detail, error)
 
 
 @dataclass(eq=False)

@@ -64,7 +64,19 @@ from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
 from ._runend import RunEndReporter
 from ._subjects import checkpoint_key, escape_token, inbox_partition
-from ._work import WorkerConfig, _is_run_entry, _JsDelivery, _reply_text, _Work, run_stoppable
+from ._work import (
+    ACK,
+    LEAVE,
+    Outcome,
+    Settlement,
+    WorkerConfig,
+    _is_run_entry,
+    _JsDelivery,
+    _reply_text,
+    _Work,
+    dead_letter_with,
+    run_stoppable,
+)
 
 __all__ = ["Worker", "WorkerConfig"]
 
@@ -377,23 +389,48 @@ class Worker:
 
     # -- handling -------------------------------------------------------------------------------------
     async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
+        settlement = LEAVE
+        try:
+            settlement = await self._attempt(agent_id, work)
+        finally:
+            try:
+                await self._settle(work, settlement)
+            finally:
+                if work.durable:
+                    self._inflight.release()
+                    self._unacked.discard(work)
+                    work.done()
+
+    async def _settle(self, work: _Work, settlement: Settlement) -> None:
+        """Carry out how the message ended: the only place a handled message is acked or dead-lettered."""
+        if settlement.outcome is Outcome.ACK:
+            await self._ack(work)
+        elif settlement.outcome is Outcome.DEAD_LETTER:
+            assert settlement.error is not None
+            if await self._dlq_copy(work.msg, settlement.reason, settlement.detail, work.env):
+                reply = Reply(id=work.env.id, ok=False, error=settlement.error.to_wire())
+                await self._reply(work.env, work.msg, reply)
+                await self._ack(work)
+            # else not acked: redelivered and dead-lettered again once the DLQ takes it
+
+    async def _attempt(self, agent_id: AgentId, work: _Work) -> Settlement:
+        """Run `work` under its partition's lease, rerunning a commit fenced while we still own it."""
         owner = self._owners.get(work.agent_type.name) if work.durable else None
         try:
             for fenced in range(_FENCED_RETRIES + 1):
                 if owner is not None and work.partition is not None and not owner.may_start(work.partition):
                     # Its partition moved on while it was queued, or this worker stalled past its lease and
                     # may have lost it without knowing yet: the owner runs it (not acked here), we must not.
-                    return
+                    return LEAVE
                 try:
-                    await self._handle_in_order(work)
-                    return
+                    return await self._handle_in_order(work)
                 except (ConcurrentAppendError, CheckpointConflictError) as exc:
                     self._activations.drop(agent_id)
                     if owner is None or work.partition is None or not owner.may_start(work.partition):
                         # Another activation committed first and we no longer hold the partition: we are a
                         # zombie. Leave the message unacked; the partition's owner handles it.
                         log.warning("fenced %s: %s", agent_id, exc)
-                        return
+                        return LEAVE
                     # Still the owner: someone else wrote this agent's log or checkpoint (a client with
                     # stream access). Reload from what is stored and run the message again in place, so
                     # the key's next messages keep waiting behind it (FIFO) instead of overtaking it.
@@ -405,23 +442,19 @@ class Worker:
                 agent_id,
                 _FENCED_RETRIES + 1,
             )
+            return LEAVE
         except _LeaseLost:
             log.warning("lease of %s lost while its handler ran; left to the partition's owner", agent_id)
             self._activations.drop(agent_id)
-        finally:
-            if work.durable:
-                self._inflight.release()
-                self._unacked.discard(work)
-                work.done()
+            return LEAVE
 
-    async def _handle_in_order(self, work: _Work, attempts: int = 3) -> None:
+    async def _handle_in_order(self, work: _Work, attempts: int = 3) -> Settlement:
         """Handle `work`, retrying a failed commit in place (the key's next message waits: FIFO holds); after
-        `attempts` the message is dead-lettered (`commit_failed`), answered with a typed error and acked, so
-        a poison message never loops forever."""
+        `attempts` the message is dead-lettered (`commit_failed`) with a typed error, so a poison message
+        never loops forever."""
         for attempt in range(1, attempts + 1):
             try:
-                await self._handle(work)
-                return
+                return await self._handle(work)
             except (ConcurrentAppendError, CheckpointConflictError, _LeaseLost):
                 raise
             except Exception as exc:
@@ -429,19 +462,15 @@ class Worker:
                 self._activations.drop(work.agent_id)  # the next attempt starts from the last checkpoint
                 if attempt == attempts or self._stopping:
                     if not work.durable or self._stopping:
-                        return  # not acked: redelivered to whoever runs next
+                        return LEAVE  # redelivered to whoever runs next
                     error = (
                         exc if isinstance(exc, KernelError) else HandlerError(str(exc), type(exc).__name__)
                     )
-                    if await self._dlq_copy(work.msg, "commit_failed", repr(exc), work.env):
-                        await self._reply(
-                            work.env, work.msg, Reply(id=work.env.id, ok=False, error=error.to_wire())
-                        )
-                        await self._ack(work)
-                    return
+                    return dead_letter_with("commit_failed", repr(exc), error)
                 await asyncio.sleep(0.2 * 2 ** (attempt - 1))
+        return LEAVE  # unreachable: the last attempt returns above
 
-    async def _handle(self, work: _Work) -> None:
+    async def _handle(self, work: _Work) -> Settlement:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
         activation = await self._activations.activate(agent_id, agent_type)
         seen, stored_reply = activation.reply_for(env.id)
@@ -453,17 +482,15 @@ class Worker:
                 await self._publish_reply(
                     work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
                 )
-            await self._ack(work)
-            return
+            return ACK
         if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
             reported = True
             if stored_reply is not None:
                 reported = await self._run_end.report(work, decode_reply(stored_reply))
                 if work.reply_to:
                     await self._publish_reply(work.reply_to, stored_reply)
-            if reported:  # else not acked: redelivered later, when the orchestrator may be back
-                await self._ack(work)
-            return
+            # Not reported: left for a later redelivery, when the orchestrator may be back.
+            return ACK if reported else LEAVE
         ctx = Context(
             agent_id=agent_id,
             message_id=env.id,
@@ -495,8 +522,8 @@ class Worker:
         reported = await self._run_end.report(work, reply)
         if encoded is not None and work.reply_to:
             await self._publish_reply(work.reply_to, encoded)
-        if reported:  # else not acked: redelivered after ack_wait and answered from the checkpoint
-            await self._ack(work)
+        # Not reported: redelivered after ack_wait and answered from the checkpoint.
+        return ACK if reported else LEAVE
 
     async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
         env = work.env
