@@ -26,8 +26,6 @@ from plexus.core import (
     HandlerError,
     KernelError,
     ProtocolError,
-    ReplyMessage,
-    RunMessageReceived,
 )
 
 from ._activation import Activation, ActivationTable
@@ -37,6 +35,7 @@ from ._backend import WorkerBackend
 from ._checkpoints import CheckpointConflictError, CheckpointStore
 from ._client import Runtime
 from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
+from ._commit import Committer
 from ._context import Context
 from ._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor, _cancel_hard
 from ._envelope import (
@@ -72,7 +71,6 @@ from ._work import (
     WorkerConfig,
     _is_run_entry,
     _JsDelivery,
-    _reply_text,
     _Work,
     dead_letter_with,
     run_stoppable,
@@ -109,8 +107,9 @@ class Worker:
             CheckpointStore(runtime.topology.checkpoints),
             lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
             lambda aid: runtime.event_log(aid).last_seq(),
-            self._logged_since,
+            lambda aid, seq: self._committer.logged_since(aid, seq),
         )
+        self._committer = Committer(runtime, self._activations)
         self._intake = Intake(app, runtime, self.worker_id)
 
         self._owners: dict[str, PartitionOwner] = {}
@@ -516,7 +515,7 @@ class Worker:
             reply = Reply(id=env.id, ok=False, error=too_large.to_wire(), handled_by=self.worker_id)
             encoded = encode_reply(reply)
         if work.durable:
-            await self._commit(activation, work, ctx, reply, encoded)
+            await self._committer.commit(activation, work, ctx, reply, encoded)
         # The run's end is reported before the caller hears of it: the report frees the run's spawn slot,
         # and a parent that spawns its next child on this reply must find that slot free.
         reported = await self._run_end.report(work, reply)
@@ -555,43 +554,6 @@ class Worker:
 
     async def _invoke(self, inp: HandleInput) -> list[BaseBlock] | None:
         return await inp.agent.on_message(inp.blocks, inp.ctx)
-
-    async def _commit(
-        self, activation: Activation, work: _Work, ctx: Context, reply: Reply, encoded: bytes | None
-    ) -> None:
-        """EventLog, then checkpoint (CAS), so the ack below only follows durable effects."""
-        env = work.env
-        run_id = env.run.run_id if env.run else env.id
-        entries: list[Any] = [
-            RunMessageReceived(
-                run_id=run_id, agent_id=str(work.agent_id), message_id=env.id, sender=env.sender
-            ),
-            *ctx.pending_entries,
-        ]
-        if reply.ok and reply.payload is not None:
-            text = _reply_text(reply)
-            if text is not None:
-                entries.append(ReplyMessage(text=text))
-        if env.id in activation.logged:
-            # Logged by a worker that died before its checkpoint: the entries are there already.
-            activation.logged.discard(env.id)
-        else:
-            async with activation.log_lock:
-                activation.log_seq = await self._backend.event_log_for(work.agent_id).append(
-                    entries, expected_seq=activation.log_seq
-                )
-        activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
-        await self._activations.save(activation)
-
-    async def _logged_since(self, agent_id: AgentId, seq: int) -> set[str]:
-        """Ids of the messages received in `agent_id`'s EventLog after `seq`."""
-        try:
-            records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
-        except ValueError as exc:
-            # An unreadable batch (written by someone else than the worker): best effort, never a wedge.
-            log.warning("cannot read the EventLog of %s past seq %d: %s", agent_id, seq, exc)
-            return set()
-        return {r.entry.message_id for r in records if isinstance(r.entry, RunMessageReceived)}
 
     async def _ack(self, work: _Work) -> None:
         if work.durable:
