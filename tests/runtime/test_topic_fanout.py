@@ -144,3 +144,30 @@ async def test_bad_topic_messages_are_dead_lettered_and_the_worker_keeps_serving
     assert await _collect(1) == [("fan-a", "k", "ok")]
     assert await runtime.send_message([TextBlock(text="hi")], AgentId("fan-b", "z"), timeout=10) == []
     assert Counting.seen.get_nowait() == ("fan-b", "z", "hi")
+
+
+class Mutating(Agent):
+    """Appends to the list it was given: another type's copy of the same publication must not see it."""
+
+    seen: ClassVar[asyncio.Queue[tuple[str, int]]]
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> None:
+        Mutating.seen.put_nowait((ctx.agent_id.type, len(blocks)))
+        blocks.append(TextBlock(text="mine"))
+
+
+async def test_copies_decoded_once_are_still_separate_lists(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    Mutating.seen = asyncio.Queue()
+    app = App()
+    names = [f"mut-{i}" for i in range(5)]
+    for name in names:
+        app.register(name, lambda _id: Mutating(), durable=False)
+    await start_worker(app)
+    for name in names:
+        await runtime.add_subscription(TypeSubscription(topic_type="mut", agent_type=name))
+    for _ in range(3):
+        await runtime.publish_message([TextBlock(text="one")], TopicId("mut", "k"))
+    got = [await asyncio.wait_for(Mutating.seen.get(), 10) for _ in range(3 * len(names))]
+    assert sorted(got) == sorted((name, 1) for name in names for _ in range(3))

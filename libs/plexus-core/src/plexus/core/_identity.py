@@ -7,6 +7,7 @@ holds a ``/`` the namespace is always written, which keeps parsing unambiguous (
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, ClassVar
 
@@ -106,6 +107,8 @@ class AgentId(_Address):
     @classmethod
     def parse(cls, text: str) -> AgentId:
         """Parse ``[namespace/]type/key``; malformed text raises ValueError naming the problem."""
+        if cls is AgentId and isinstance(text, str):
+            return _parse_agent_id(text)  # hot path: every message names its target
         namespace, type_, key = _split(text, "key")
         return cls(type_, key, namespace)
 
@@ -145,8 +148,24 @@ class TopicId(_Address):
     @classmethod
     def parse(cls, text: str) -> TopicId:
         """Parse ``[namespace/]type/source``; malformed text raises ValueError naming the problem."""
+        if cls is TopicId and isinstance(text, str):
+            return _parse_topic_id(text)
         namespace, type_, source = _split(text, "source")
         return cls(type_, source, namespace)
 
     def __str__(self) -> str:
         return self._format(self.source)
+
+
+# Ids are frozen values, so a parsed id can be shared: a worker parses the same few targets over and over.
+# Failures are not cached (lru_cache does not keep exceptions), so bad text is rejected every time.
+@functools.lru_cache(maxsize=8192)
+def _parse_agent_id(text: str) -> AgentId:
+    namespace, type_, key = _split(text, "key")
+    return AgentId(type_, key, namespace)
+
+
+@functools.lru_cache(maxsize=2048)
+def _parse_topic_id(text: str) -> TopicId:
+    namespace, type_, source = _split(text, "source")
+    return TopicId(type_, source, namespace)

@@ -10,17 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import msgspec
 from nats.aio.msg import Msg
 
-from plexus.core import AgentId, AgentNotFoundError, ProtocolError, TopicId
+from plexus.core import AgentId, AgentNotFoundError, BaseBlock, ProtocolError, TopicId
 
 from ._agent import App
 from ._deadletter import dead_letter
 from ._envelope import (
     HDR_MSG_ID,
+    HDR_VERSION,
     Envelope,
     Reply,
     WireError,
@@ -38,6 +40,16 @@ if TYPE_CHECKING:
 
 __all__ = ["Intake"]
 
+#: Topic publications whose decoded form is kept for the other hosted types' copies.
+_PUBLICATIONS_KEPT = 256
+
+
+def _publication_key(msg: Msg) -> tuple[object, ...]:
+    """What makes two deliveries the same publication: subject, body and the headers intake reads."""
+    headers = msg.headers or {}
+    return (msg.subject, msg.data, headers.get(HDR_MSG_ID), headers.get(HDR_VERSION))
+
+
 log = logging.getLogger("plexus.worker")
 
 _JS_PREFIX = "$JS."
@@ -50,6 +62,9 @@ class Intake:
         self.app = app
         self.rt = rt
         self.worker_id = worker_id
+        # Recent topic publications (key -> decoded envelope and blocks): each hosted stateless type gets its
+        # own delivery of a publication (one per queue group), and each is read on its subscription's task.
+        self._publications: OrderedDict[tuple[object, ...], tuple[Envelope, list[BaseBlock]]] = OrderedDict()
 
     async def read(self, msg: Msg, *, durable: bool, topic_for: str | None = None) -> _Work | None:
         """The work `msg` carries, or None when it was dead-lettered (and answered, and acked).
@@ -72,11 +87,18 @@ class Intake:
             if problem is not None:
                 await self.dead_letter(msg, "reply_to", problem, None)
                 return None
-        try:
-            env = decode_envelope(msg.data, msg.headers)
-        except WireError as exc:
-            await self.dead_letter(msg, exc.reason, str(exc), None)
-            return None
+        publication = self._seen_publication(msg) if topic_for is not None else None
+        if publication is not None:
+            # Another stateless type's copy of the same publication was just read: decoded once, not per type.
+            env, known_blocks = publication
+        else:
+            known_blocks = None
+            try:
+                env = decode_envelope(msg.data, msg.headers)
+            except WireError as exc:
+                await self.dead_letter(msg, exc.reason, str(exc), None)
+                return None
+        original = env
         if topic_for is not None:
             addressed = self._topic_copy(msg.subject, env, topic_for)
             if isinstance(addressed, str):
@@ -116,16 +138,26 @@ class Intake:
             # message unacked and redeliver it forever.
             await self.dead_letter(msg, "schema", problem, env)
             return None
-        try:  # built here, not in the handler: blocks that do not validate are bad input, not a handler error
-            blocks = blocks_from_payload(env.payload)
-        except WireError as exc:
-            await self.dead_letter(msg, exc.reason, str(exc), env)
-            return None
+        if known_blocks is not None:
+            blocks = list(known_blocks)  # blocks are frozen; each handler gets its own list
+        else:
+            try:  # built here, not in the handler: blocks that fail to validate are bad input
+                blocks = blocks_from_payload(env.payload)
+            except WireError as exc:
+                await self.dead_letter(msg, exc.reason, str(exc), env)
+                return None
+            if topic_for is not None:
+                self._publications[_publication_key(msg)] = (original, blocks)
+                if len(self._publications) > _PUBLICATIONS_KEPT:
+                    self._publications.popitem(last=False)
         if env.run is None:  # a foreign sender may omit it: the message starts a run, as a client's does
             env = msgspec.structs.replace(env, run=new_root_run())
         return _Work(
             msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable, blocks=blocks
         )
+
+    def _seen_publication(self, msg: Msg) -> tuple[Envelope, list[BaseBlock]] | None:
+        return self._publications.get(_publication_key(msg))
 
     def _topic_copy(self, subject: str, env: Envelope, agent_type: str) -> Envelope | str:
         """`env` (a topic publication) re-addressed to `agent_type`, or what is wrong with it."""
@@ -139,7 +171,7 @@ class Intake:
             return f"topic {env.topic!r} is not of namespace {self.app.namespace!r}"
         if subject != self.rt.subjects_for(topic.namespace).topic(topic.type, topic.source):
             return f"topic {env.topic!r} arrived on {subject!r}"
-        target = AgentId(agent_type, topic.source, topic.namespace)
+        target = AgentId.parse(f"{topic.namespace}/{agent_type}/{topic.source}")  # parsed ids are cached
         return msgspec.structs.replace(env, id=topic_copy_id(env.id, agent_type), target=str(target))
 
     def _arrived_for(self, subject: str, agent_id: AgentId, durable: bool) -> bool:

@@ -86,6 +86,7 @@ class TypePrefixSubscription(msgspec.Struct, frozen=True, kw_only=True, tag="pre
 Subscription: TypeAlias = TypeSubscription | TypePrefixSubscription
 
 _decoder = msgspec.json.Decoder(Subscription)
+_RESOLVED_MAX = 4096
 _encoder = msgspec.json.Encoder()
 
 
@@ -128,6 +129,8 @@ class SubscriptionTable:
         self._exact: dict[tuple[str, str], list[Subscription]] = {}
         self._prefixed: list[TypePrefixSubscription] = []
         self._indexed_version = -1
+        # (namespace, topic type, source, sender) -> recipients; emptied whenever the subscriptions change.
+        self._resolved: dict[tuple[str, str, str, str | None], list[AgentId]] = {}
 
     async def start(self) -> None:
         """Load every subscription and follow changes; returns once the cache holds the current contents."""
@@ -175,10 +178,18 @@ class SubscriptionTable:
         if not self._mirror.started:
             raise RuntimeError("SubscriptionTable is not started; await start() first")
         self._reindex()
+        key = (topic.namespace, topic.type, topic.source, str(sender) if sender is not None else None)
+        cached = self._resolved.get(key)
+        if cached is not None:
+            return list(cached)
         exact = self._exact.get((topic.namespace, topic.type), [])
         candidates: builtins.list[Subscription] = [*exact, *self._prefixed]
         candidates.sort(key=lambda s: s.id)
-        return _resolve(candidates, topic, sender)
+        resolved = _resolve(candidates, topic, sender)
+        if len(self._resolved) >= _RESOLVED_MAX:
+            self._resolved.clear()  # bounded: a publisher cycling through many sources never grows it
+        self._resolved[key] = resolved
+        return list(resolved)
 
     async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
         """Wait (without polling) until `predicate()` holds after some change; False at the deadline."""
@@ -195,4 +206,5 @@ class SubscriptionTable:
             else:
                 prefixed.append(sub)
         self._exact, self._prefixed = exact, prefixed
+        self._resolved.clear()
         self._indexed_version = self._mirror.signal.version
