@@ -140,3 +140,28 @@ async def test_handler_timeout_error_is_not_turned_into_deadline() -> None:
 
     with pytest.raises(TimeoutError, match="my own"):
         await DeadlineInterceptor().handle(inp(time.time() + 30, None), nxt)
+
+
+class _Sleeper(Agent):
+    async def on_message(self, blocks: list[Any], ctx: Context) -> list[Any]:
+        await asyncio.sleep(10)
+        return [OK]
+
+
+async def test_a_runs_deadline_stops_a_plain_send(runtime: Any, start_worker: Any) -> None:
+    """`new_root_run(deadline=…)` on a non-orchestrated send binds the handler (it used to wait for its own
+    timeout): the caller gets CancellationError("deadline") well before the send's timeout."""
+    from plexus.runtime import App, new_root_run
+
+    app = App()
+    app.register("sleeper", lambda _id: _Sleeper())
+    await start_worker(app)
+    started = time.monotonic()
+    with pytest.raises(CancellationError, match="deadline"):
+        await runtime.send_message(
+            [TextBlock(text="x")],
+            AgentId("sleeper", "k"),
+            timeout=30,
+            run=new_root_run(deadline=time.time() + 0.5),
+        )
+    assert time.monotonic() - started < 5

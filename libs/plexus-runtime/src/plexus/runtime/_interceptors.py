@@ -187,7 +187,7 @@ def _bind(
 
 
 class DeadlineInterceptor(Interceptor):
-    """Enforces the earlier of the envelope's deadline and the agent type's time limit.
+    """Enforces the earliest of the envelope's deadline, its run's deadline and the agent type's time limit.
 
     The handler's cancellation token fires first (cooperative); if the handler ignores it, the handler task
     is cancelled after a short grace and the caller gets `CancellationError("deadline")`.
@@ -195,10 +195,13 @@ class DeadlineInterceptor(Interceptor):
 
     async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
         remaining = inp.agent_type.time_limit_s
-        deadline = inp.envelope.deadline
-        if deadline is not None:
-            left = deadline - time.time()
-            remaining = left if remaining is None else min(remaining, left)
+        run = inp.envelope.run
+        # The run's deadline (`new_root_run(deadline=…)`, a budget's deadline_s) binds every message of the
+        # tree, orchestrated or not: children inherit it with the run info.
+        for deadline in (inp.envelope.deadline, run.deadline if run is not None else None):
+            if deadline is not None:
+                left = deadline - time.time()
+                remaining = left if remaining is None else min(remaining, left)
         if remaining is None:
             return await call_next(inp)
         if remaining <= 0:
