@@ -10,7 +10,8 @@ Public API (everything else is private and may change):
 - infrastructure: `NatsServer`, `NatsCluster` (embedded nats-server), subjects and the wire envelope
 """
 
-from ._agent import Agent, AgentFactory, AgentType, App
+from ._agent import Agent, AgentFactory, AgentType
+from ._app import App
 from ._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
 from ._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
 from ._client import Runtime

@@ -36,19 +36,31 @@ from ._orchestration import FinishedReport
 from ._supervisor import LocalSupervisor, Supervisor, child_run_id, new_root_run
 
 if TYPE_CHECKING:
-    from ._activation import Activation
-    from ._worker import Worker
+    from ._activation import Activation, ActivationTable
+    from ._app import App
+    from ._client import Runtime
+    from ._cluster import OrchestratorClient
 
 __all__ = ["WorkerBackend"]
 
 
 class WorkerBackend:
-    def __init__(self, worker: Worker, supervisor: Supervisor | None = None) -> None:
-        self.worker = worker
+    """What a worker's handlers do through their `Context`, given the worker's parts (never the worker)."""
+
+    def __init__(
+        self,
+        rt: Runtime,
+        app: App,
+        orchestrator: OrchestratorClient,
+        activations: ActivationTable,
+        supervisor: Supervisor | None = None,
+    ) -> None:
+        self.rt = rt
+        self.orchestrator = orchestrator
+        self.activations = activations
         self.supervisor: Supervisor = supervisor or LocalSupervisor()
         self._bound: dict[int, Activation] = {}
-        icpt = worker.app.interceptors
-        rt = worker.rt
+        icpt = app.interceptors
         # Outbound sends and publications continue into the Runtime's own (client) chain.
         self._send = chain(icpt, "send", rt._send_chain)
         self._publish = chain(icpt, "publish", rt._publish_chain)
@@ -121,18 +133,16 @@ class WorkerBackend:
             ts=time.time(),
             metadata=dict(metadata),
         )
-        subject = self.worker.rt.subjects_for(ctx.agent_id.namespace).progress(
+        subject = self.rt.subjects_for(ctx.agent_id.namespace).progress(
             run.root_id, ctx.agent_id.type, ctx.agent_id.key
         )
         # One JetStream publish both captures the event for replay and delivers it to live subscribers.
-        await self.worker.rt.js.publish(subject, event.model_dump_json().encode())
+        await self.rt.js.publish(subject, event.model_dump_json().encode())
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
         event = ReasoningDelta(text=text) if reasoning else TextDelta(text=text)
-        subject = self.worker.rt.subjects_for(ctx.agent_id.namespace).stream(
-            ctx.agent_id.type, ctx.agent_id.key
-        )
-        await self.worker.rt.nc.publish(subject, event.model_dump_json().encode())
+        subject = self.rt.subjects_for(ctx.agent_id.namespace).stream(ctx.agent_id.type, ctx.agent_id.key)
+        await self.rt.nc.publish(subject, event.model_dump_json().encode())
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
         await self._usage(UsageInput(ctx=ctx, usage=usage, turns=turns))
@@ -162,7 +172,7 @@ class WorkerBackend:
         ordinal = ctx._spawned  # taken before any await: concurrent spawns number in call order
         ctx._spawned += 1
         # No slot for a child nobody can run: AgentNotFoundError before the tree's budget is touched.
-        await self.worker.rt._host_for(child, time.monotonic() + min(timeout_s, 30.0))
+        await self.rt._host_for(child, time.monotonic() + min(timeout_s, 30.0))
         child_run = await self.supervisor.spawn(
             parent, ctx.agent_id, child, priority, child_run_id(ctx.message_id, ordinal, parent.run_id)
         )
@@ -181,7 +191,7 @@ class WorkerBackend:
                 await log.append_with_retry(lambda _seq: [spawned])
         status = "completed"
         try:
-            return await self.worker.rt.send_message(
+            return await self.rt.send_message(
                 blocks, child, timeout=timeout_s, sender=ctx.agent_id, run=child_run, kind="spawn"
             )
         except KernelError as exc:
@@ -194,7 +204,7 @@ class WorkerBackend:
                 # (or we gave up waiting), this frees its slot instead of leaking it until the tree ends.
                 report = FinishedReport(run_id=child_run.run_id, status=ended, error=exc.to_wire())
                 with contextlib.suppress(KernelError):
-                    await self.worker.orchestrator.call("finished", report, dict, namespace=child.namespace)
+                    await self.orchestrator.call("finished", report, dict, namespace=child.namespace)
             raise
         finally:
             await self.supervisor.finished(child_run, status)
@@ -214,7 +224,7 @@ class WorkerBackend:
         activation.agent.load_state(msgspec.json.decode(activation.saved_state))
 
     async def checkpoint_from(self, ctx: Context) -> None:
-        await self.worker._activations.save(self._activation(ctx))
+        await self.activations.save(self._activation(ctx))
 
     def event_log_for(self, agent_id: AgentId) -> EventLog[Any]:
-        return self.worker.rt.event_log(agent_id)
+        return self.rt.event_log(agent_id)

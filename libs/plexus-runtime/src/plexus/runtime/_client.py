@@ -114,7 +114,17 @@ class Runtime:
         # Set when the NATS connection is closed for good (by `close()` or by nats-py after a fatal
         # protocol error). A worker or service that finds it set must exit, never linger unregistered.
         self.connection_closed = asyncio.Event()
-        self.orchestrator = OrchestratorClient(self)
+        self._connection = Connection(
+            nc=nc,
+            js=self.js,
+            topology=topology,
+            prefix=prefix,
+            namespace=namespace,
+            partitions=partitions,
+            registry=self.registry,
+            artifacts=self.artifacts,
+        )
+        self.orchestrator = OrchestratorClient(self._connection)
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._send_terminal)
         self._publish_chain = chain(icpt, "publish", self._publish_terminal)
@@ -122,16 +132,7 @@ class Runtime:
     @property
     def connection(self) -> Connection:
         """The cluster handles of this runtime as one value (what interceptors and components receive)."""
-        return Connection(
-            nc=self.nc,
-            js=self.js,
-            topology=self.topology,
-            prefix=self.prefix,
-            namespace=self.namespace,
-            partitions=self.partitions,
-            registry=self.registry,
-            artifacts=self.artifacts,
-        )
+        return self._connection
 
     # -- construction ---------------------------------------------------------------------------------
     @classmethod

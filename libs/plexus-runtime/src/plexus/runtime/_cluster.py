@@ -38,7 +38,7 @@ from ._subjects import escape_token
 from ._supervisor import LocalSupervisor
 
 if TYPE_CHECKING:
-    from ._client import Runtime
+    from ._connection import Connection
 
 __all__ = ["ClusterSupervisor", "OrchestratorClient", "RunControl", "ServiceUnavailableError"]
 
@@ -61,7 +61,7 @@ class ServiceUnavailableError(KernelError):
 class OrchestratorClient:
     """Typed requests to the orchestrator's micro-service endpoints."""
 
-    def __init__(self, rt: Runtime, timeout_s: float = 5.0) -> None:
+    def __init__(self, rt: Connection, timeout_s: float = 5.0) -> None:
         self.rt = rt
         self.timeout_s = timeout_s
 
@@ -104,7 +104,7 @@ class OrchestratorClient:
 class RunControl:
     """What this process knows about run trees: cancelled roots (with the error to raise) and paused runs."""
 
-    def __init__(self, rt: Runtime, memory: int = 10_000) -> None:
+    def __init__(self, rt: Connection, memory: int = 10_000) -> None:
         self.rt = rt
         self._memory = memory
         self.cancelled: OrderedDict[str, KernelError] = OrderedDict()
@@ -186,7 +186,7 @@ class ClusterSupervisor:
     """Cluster-wide budgets (JetStream counters) and spawn slots (orchestrator) for orchestrated runs;
     runs not started through the orchestrator fall back to the process-local supervisor."""
 
-    def __init__(self, rt: Runtime, control: RunControl, client: OrchestratorClient | None = None) -> None:
+    def __init__(self, rt: Connection, control: RunControl, client: OrchestratorClient | None = None) -> None:
         self.rt = rt
         self.control = control
         self.client = client or OrchestratorClient(rt)

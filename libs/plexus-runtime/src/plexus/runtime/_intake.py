@@ -18,7 +18,7 @@ from nats.aio.msg import Msg
 
 from plexus.core import AgentId, AgentNotFoundError, BaseBlock, ProtocolError, TopicId
 
-from ._agent import App
+from ._app import App
 from ._deadletter import dead_letter
 from ._envelope import (
     HDR_MSG_ID,

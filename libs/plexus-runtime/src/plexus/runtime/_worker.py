@@ -29,7 +29,8 @@ from plexus.core import (
 )
 
 from ._activation import Activation, ActivationTable
-from ._agent import AgentType, App
+from ._agent import AgentType
+from ._app import App
 from ._artifacts import PayloadTooLargeError
 from ._backend import WorkerBackend
 from ._checkpoints import CheckpointConflictError, CheckpointStore
@@ -118,12 +119,18 @@ class Worker:
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
         self._control_subs: list[Any] = []
-        self.control = RunControl(runtime)
-        self.orchestrator = OrchestratorClient(runtime)
+        self.control = RunControl(runtime.connection)
+        self.orchestrator = OrchestratorClient(runtime.connection)
         self._run_end = RunEndReporter(
             self.orchestrator, app.namespace, lambda w, why, detail: self._dlq_copy(w.msg, why, detail, w.env)
         )
-        self._backend = WorkerBackend(self, ClusterSupervisor(runtime, self.control, self.orchestrator))
+        self._backend = WorkerBackend(
+            runtime,
+            app,
+            self.orchestrator,
+            self._activations,
+            ClusterSupervisor(runtime.connection, self.control, self.orchestrator),
+        )
         self._run_control = RunControlInterceptor(self.control)
         # Outermost first: the trace spans everything; run control races the whole retry loop against
         # the tree's cancellation; retries wrap each attempt, which the deadline bounds.

@@ -21,7 +21,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
-from ._agent import App
+from ._app import App
 from ._client import Runtime
 from ._server import NatsServer
 from ._worker import Worker, WorkerConfig
