@@ -244,7 +244,32 @@ class NatsCluster:
         for server in self.servers:
             assert server.store_dir is not None
             server._wait_ready(Path(server.store_dir))
+        self._wait_meta_leader(timeout=30.0)
         return self
+
+    def _wait_meta_leader(self, timeout: float) -> None:
+        """Wait until every node names the same JetStream meta leader: /healthz can answer 200 on a node while
+        a leader election is still settling, and a stream created then gets no response."""
+        import urllib.request
+
+        deadline = time.monotonic() + timeout
+        leaders: set[str | None] = set()
+        while time.monotonic() < deadline:
+            leaders = set()
+            for server in self.servers:
+                try:
+                    url = f"http://{server.host}:{server.monitor_port}/jsz"
+                    with urllib.request.urlopen(url, timeout=1) as resp:
+                        meta = json.loads(resp.read()).get("meta_cluster") or {}
+                except (OSError, ValueError):
+                    meta = {}
+                leaders.add(meta.get("leader") or None)
+            if len(leaders) == 1 and None not in leaders:
+                return
+            time.sleep(0.05)
+        raise NatsServerError(
+            f"the cluster elected no common JetStream meta leader within {timeout}s: {leaders}"
+        )
 
     @property
     def urls(self) -> list[str]:
