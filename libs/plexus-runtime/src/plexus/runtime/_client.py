@@ -148,6 +148,7 @@ class Runtime:
         progress_max_age_s: float = 3600.0,
         interceptors: Sequence[Interceptor] = (),
         name: str | None = None,
+        replicas: int | None = None,
     ) -> Runtime:
         servers = [url] if isinstance(url, str) else list(url)
         closed = asyncio.Event()
@@ -167,6 +168,7 @@ class Runtime:
             progress_max_age_s=progress_max_age_s,
             workers_ttl_s=heartbeat_ttl_s,
             leases_ttl_s=lease_ttl_s,
+            replicas=replicas,
         )
         rt = cls(
             nc,

@@ -111,7 +111,7 @@ async def ensure_topology(
     prefix: str = "px",
     partitions: int = 16,
     progress_max_age_s: float = 3600.0,
-    replicas: int = 1,
+    replicas: int | None = None,
     dedupe_window_s: float = 120.0,
     workers_ttl_s: float = 10.0,
     leases_ttl_s: float = 10.0,
@@ -123,14 +123,16 @@ async def ensure_topology(
     """Create or reconcile every stream and bucket of docs/architecture.md and return handles to them.
 
     Raises ValueError for bad arguments and `TopologyConflictError` when an existing object has an
-    incompatible setting (see the module docstring).
+    incompatible setting (see the module docstring). `replicas` None creates R1 objects and leaves the
+    replica count of existing ones alone: a worker or client connecting with defaults must never scale an
+    operator's R3 cluster down to R1; only a process that names `replicas` reconciles it.
     """
     names = names or TopologyNames()
     if not _TOKEN_RE.fullmatch(prefix):
         raise ValueError(f"prefix must be one subject token of [A-Za-z0-9_-], got {prefix!r}")
     if partitions < 1:
         raise ValueError(f"partitions must be >= 1, got {partitions}")
-    if replicas < 1:
+    if replicas is not None and replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     for label, value in (
         ("progress_max_age_s", progress_max_age_s),
@@ -194,19 +196,21 @@ async def ensure_topology(
         assert config.name is not None
         infos[config.name] = await _ensure_stream(js, config, allow_repartition=allow_repartition)
 
+    keep = replicas is None
+
     def kv(bucket: str, ttl: float | None) -> KeyValueConfig:
-        return KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas, storage=storage)
+        return KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas or 1, storage=storage)
 
     return Topology(
         prefix=prefix,
         partitions=partitions,
         names=names,
-        checkpoints=await _ensure_kv(js, kv(names.checkpoints_bucket, None)),
-        registry=await _ensure_kv(js, kv(names.registry_bucket, None)),
-        subscriptions=await _ensure_kv(js, kv(names.subscriptions_bucket, None)),
-        workers=await _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s)),
-        leases=await _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s)),
-        runs=await _ensure_kv(js, kv(names.runs_bucket, None)),
+        checkpoints=await _ensure_kv(js, kv(names.checkpoints_bucket, None), keep_replicas=keep),
+        registry=await _ensure_kv(js, kv(names.registry_bucket, None), keep_replicas=keep),
+        subscriptions=await _ensure_kv(js, kv(names.subscriptions_bucket, None), keep_replicas=keep),
+        workers=await _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s), keep_replicas=keep),
+        leases=await _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s), keep_replicas=keep),
+        runs=await _ensure_kv(js, kv(names.runs_bucket, None), keep_replicas=keep),
         artifacts=await _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage),
         streams=infos,
     )
@@ -267,7 +271,9 @@ def _norm(value: Any) -> Any:
     return value
 
 
-async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
+async def _ensure_kv(
+    js: JetStreamContext, config: KeyValueConfig, *, keep_replicas: bool = False
+) -> KeyValue:
     try:
         return await js.create_key_value(config)
     except BadRequestError as exc:
@@ -281,7 +287,7 @@ async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
         max_age=ttl,
         max_msgs_per_subject=config.history,
         duplicate_window=window,
-        num_replicas=config.replicas,
+        num_replicas=None if keep_replicas else config.replicas,
         storage=config.storage,
     )
     await _ensure_stream(js, desired, managed=(*_STREAM_MANAGED, "max_msgs_per_subject"))
@@ -289,15 +295,16 @@ async def _ensure_kv(js: JetStreamContext, config: KeyValueConfig) -> KeyValue:
 
 
 async def _ensure_object_store(
-    js: JetStreamContext, bucket: str, *, replicas: int, storage: StorageType
+    js: JetStreamContext, bucket: str, *, replicas: int | None, storage: StorageType
 ) -> ObjectStore:
     try:
         return await js.create_object_store(
-            bucket, config=ObjectStoreConfig(replicas=replicas, storage=storage)
+            bucket, config=ObjectStoreConfig(replicas=replicas or 1, storage=storage)
         )
     except BadRequestError as exc:
         if exc.err_code != _STREAM_NAME_IN_USE:
             raise
-    desired = StreamConfig(name=f"OBJ_{bucket}", num_replicas=replicas, storage=storage)
-    await _ensure_stream(js, desired, managed=("num_replicas",))
+    if replicas is not None:  # None: leave an existing store's replicas as the operator set them
+        desired = StreamConfig(name=f"OBJ_{bucket}", num_replicas=replicas, storage=storage)
+        await _ensure_stream(js, desired, managed=("num_replicas",))
     return await js.object_store(bucket)

@@ -71,6 +71,21 @@ def _nats_url(value: str) -> str:
     return value
 
 
+def _nats_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--nats",
+        type=_nats_url,
+        action="append",
+        default=None,
+        help="server URL (repeat for every seed of a cluster); default $PLEXUS_NATS or nats://127.0.0.1:4222",
+    )
+
+
+def _servers(args: argparse.Namespace) -> list[str]:
+    urls: list[str] = args.nats or [os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")]
+    return urls
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="plexus", description="Plexus: a distributed actor kernel for AI agents."
@@ -83,8 +98,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument(
         "--concurrency", type=_positive, default=64, help="handlers running at once (default 64)"
     )
+    _nats_option(worker)
     worker.add_argument(
-        "--nats", type=_nats_url, default=os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")
+        "--replicas",
+        type=_positive,
+        default=None,
+        help="create/reconcile Plexus streams and buckets with this many replicas (3 on a 3-node cluster); "
+        "default: create R1, leave existing ones as they are",
     )
     worker.add_argument("--ack-wait", type=float, default=30.0, help="seconds before JetStream redelivers")
     worker.add_argument("--lease-ttl", type=float, default=10.0, help="partition lease TTL in seconds")
@@ -102,9 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--concurrency", type=_positive, default=64)
 
     types = sub.add_parser("types", help="list agent types, capabilities and live workers")
-    types.add_argument(
-        "--nats", type=_nats_url, default=os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")
-    )
+    _nats_option(types)
 
     for ep in entry_points(group="plexus.commands"):
         with contextlib.suppress(Exception):  # a broken plugin must not break the core commands
@@ -114,7 +132,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 async def _serve(app: App, args: argparse.Namespace) -> None:
     rt = await Runtime.connect(
-        args.nats, namespace=app.namespace, lease_ttl_s=args.lease_ttl, heartbeat_ttl_s=args.heartbeat_ttl
+        _servers(args),
+        namespace=app.namespace,
+        lease_ttl_s=args.lease_ttl,
+        heartbeat_ttl_s=args.heartbeat_ttl,
+        replicas=args.replicas,
     )
     worker = Worker(
         app,
@@ -145,7 +167,10 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
         if rt.nc.is_closed or rt.connection_closed.is_set():
             raise lost from None
         raise
-    print(f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {args.nats}", flush=True)
+    print(
+        f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {', '.join(_servers(args))}",
+        flush=True,
+    )
     if not await until_stopped(stop, rt):
         # Nothing can be finished or released without a connection; unacked work goes to the next owner.
         raise lost
@@ -173,7 +198,7 @@ async def until_stopped(stop: asyncio.Event, rt: Runtime) -> bool:
 
 
 async def _types(args: argparse.Namespace) -> None:
-    rt = await Runtime.connect(args.nats)
+    rt = await Runtime.connect(_servers(args))
     try:
         for info in await rt.agent_types():
             workers = await rt.workers(info.type, info.namespace)
