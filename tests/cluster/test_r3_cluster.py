@@ -1,18 +1,31 @@
 """Plexus on a 3-node JetStream cluster with R3 streams and buckets (issue 13 item 1, first part): the
-topology is replicated, a process connecting with defaults never scales it down, and durable sends keep
-their answers and their state when the node a worker is connected to is killed."""
+topology is replicated, a process connecting with defaults never scales it down, durable sends keep their
+answers and their state when the node a worker is connected to is killed, and an orchestrated run tree
+(orchestrator process connected with the seed list) completes when that node dies mid-run."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
 from collections.abc import Callable
+from pathlib import Path
+from typing import IO
 
+import nats.errors
 import pytest
 
-from plexus.core import AgentId, BaseBlock, TextBlock
+from plexus.core import AgentId, BaseBlock, KernelError, TextBlock
 from plexus.runtime import Agent, App, Context, NatsCluster, Runtime, Worker, WorkerConfig
+from plexus.runtime.orchestration import RunRecord
 
 pytestmark = pytest.mark.slow
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Counter(Agent):
@@ -62,8 +75,9 @@ async def test_durable_sends_survive_the_loss_of_the_workers_node(
     admin = await Runtime.connect(cluster.urls, replicas=3)
     app = App()
     app.register("counter", lambda _id: Counter())
-    wrt = await Runtime.connect(cluster.urls, lease_ttl_s=3.0, heartbeat_ttl_s=3.0)
-    worker = Worker(app, wrt, WorkerConfig(lease_ttl_s=3.0, heartbeat_s=0.5, ack_wait_s=5.0))
+    # Production lease TTL (10 s): it must outlive the leader elections that follow a node loss.
+    wrt = await Runtime.connect(cluster.urls, heartbeat_ttl_s=3.0)
+    worker = Worker(app, wrt, WorkerConfig(heartbeat_s=0.5, ack_wait_s=5.0))
     await worker.start()
     # The client starts on another node than the worker's, so the kill below leaves it connected.
     worker_url = wrt.nc.connected_url
@@ -90,3 +104,80 @@ async def test_durable_sends_survive_the_loss_of_the_workers_node(
         await wrt.close()
         await admin.close()
     await asyncio.sleep(0)
+
+
+async def test_an_orchestrated_tree_completes_when_a_node_dies_mid_run(
+    nats_cluster: Callable[..., NatsCluster], tmp_path: Path
+) -> None:
+    pytest.importorskip("plexus.orchestrator")
+    from tests.e2e.apps_tree import app as tree_app
+
+    cluster = nats_cluster(3)
+    admin = await Runtime.connect(cluster.urls, replicas=3)
+    seeds = [arg for url in cluster.urls for arg in ("--nats", url)]
+    log = (tmp_path / "orchestrator.log").open("wb")
+    orch = _spawn(["orchestrator", *seeds], log)
+    # Production lease TTL (10 s): a JetStream leader election after a node loss takes seconds, and a
+    # lease must outlive it (a 3 s TTL expires during the election and every partition moves).
+    wrt = await Runtime.connect(cluster.urls, heartbeat_ttl_s=3.0)
+    worker = Worker(tree_app, wrt, WorkerConfig(heartbeat_s=0.5, ack_wait_s=5.0))
+    await worker.start()
+    worker_url = wrt.nc.connected_url
+    assert worker_url is not None
+    victim = next(s for s in cluster.servers if s.client_port == worker_url.port)
+    client = await Runtime.connect([s.url for s in cluster.servers if s is not victim])
+    try:
+        leaf = {"steps": 4, "sleep": 0.25}
+        run_id = await _start_when_served(
+            client, AgentId("root", "r3"), json.dumps({"children": 4, "leaf": leaf})
+        )
+        await asyncio.sleep(0.5)  # the children are mid-way
+        victim.kill()
+        record = await _ended(client, run_id, timeout=90)
+        assert record.status == "completed", record
+        result = json.loads("".join(getattr(b, "text", "") for b in await client.run_result(run_id)))
+        assert sorted(result) == [f"ok:r3-{i} did 4 steps from 0" for i in range(4)] or all(
+            r.startswith("ok:r3-") for r in result
+        )
+        assert len(result) == 4
+    finally:
+        await client.close()
+        await worker.stop(drain_timeout=5)
+        await wrt.close()
+        await admin.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(orch.pid, signal.SIGKILL)
+        orch.wait(10)
+        log.close()
+
+
+def _spawn(args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
+    """A `plexus` command as its own process (stopped by PID at the end of the test)."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    cmd = [sys.executable, "-m", "plexus.runtime.cli", *args]
+    return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+
+
+async def _start_when_served(client: Runtime, root: AgentId, text: str) -> str:
+    """Start the run once an orchestrator answers (its process takes a moment to come up)."""
+    async with asyncio.timeout(30):
+        while True:
+            try:
+                return await client.start_run(root, [TextBlock(text=text)])
+            except KernelError as exc:
+                if exc.error_type != "ServiceUnavailableError":
+                    raise
+                await asyncio.sleep(0.2)
+
+
+async def _ended(client: Runtime, run_id: str, timeout: float) -> RunRecord:
+    """The run's record once it ended; requests that time out while the cluster re-elects are retried."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                record = await client.get_run(run_id)
+                if record.status in ("completed", "failed", "cancelled"):
+                    return record
+            except (KernelError, TimeoutError, nats.errors.Error):
+                pass
+            await asyncio.sleep(0.25)
