@@ -12,9 +12,9 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 import nats.errors
 import pytest
@@ -26,6 +26,7 @@ from plexus.runtime.orchestration import RunRecord
 pytestmark = pytest.mark.slow
 
 REPO = Path(__file__).resolve().parents[2]
+T = TypeVar("T")
 
 
 class Counter(Agent):
@@ -97,7 +98,7 @@ async def test_durable_sends_survive_the_loss_of_the_workers_node(
             assert reply == [TextBlock(text=str(i))]
         assert wrt.nc.connected_url is not None
         assert wrt.nc.connected_url.port != victim.client_port
-        assert len(await wrt.event_log(target).read()) >= 40
+        assert len(await _answered(lambda: wrt.event_log(target).read())) >= 40
     finally:
         await client.close()
         await worker.stop(drain_timeout=5)
@@ -149,6 +150,16 @@ async def test_an_orchestrated_tree_completes_when_a_node_dies_mid_run(
             os.kill(orch.pid, signal.SIGKILL)
         orch.wait(10)
         log.close()
+
+
+async def _answered(read: Callable[[], Awaitable[T]], timeout: float = 30) -> T:
+    """`read()`, asked again while the cluster still elects leaders (a read is not what these tests check)."""
+    async with asyncio.timeout(timeout):
+        while True:
+            try:
+                return await read()
+            except (TimeoutError, nats.errors.Error):
+                await asyncio.sleep(0.2)
 
 
 def _spawn(args: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:

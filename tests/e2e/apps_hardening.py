@@ -11,7 +11,7 @@ import json
 import os
 
 from plexus.core import AgentId, BaseBlock, KernelError, SpawnDenied, TextBlock
-from plexus.runtime import Agent, App, Context
+from plexus.runtime import Agent, App, Connection, Context, Interceptor
 
 app = App()
 
@@ -78,3 +78,16 @@ class CrashRoot(Agent):
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         reply = await ctx.spawn(AgentId("effect", f"{ctx.agent_id.key}-child"), blocks, timeout=60)
         return [TextBlock(text="child:" + _text(reply))]
+
+
+class _KillConnectionOnStart(Interceptor):
+    """Dooms the worker's connection while `Worker.start` runs (interceptors start first), the same way
+    as `conn-killer`: the start then fails on a closed connection and the worker must say so and exit 1."""
+
+    async def start(self, connection: Connection, worker_id: str) -> None:
+        await connection.nc.publish("_INBOX." + "x" * 5000, b"")
+        await connection.nc.flush(timeout=5)
+
+
+start_killer = App(interceptors=[_KillConnectionOnStart()])
+start_killer.register("echo", Echo, description="returns its input")

@@ -166,6 +166,10 @@ async def test_worker_whose_connection_is_closed_for_good_exits_nonzero(
     unregistered, serving nothing. It must exit (status 1) so a supervisor restarts it."""
     proc = worker_process(APP, *FAST)
     await serving_types(runtime, "conn-killer")
+    # Registration comes early in `Worker.start`: wait for the end of start so the connection dies while
+    # the worker serves (the zombie case); a death during start has its own test below.
+    log_path = tmp_path / "worker0.log"
+    await until(lambda: _true(" serving " in log_path.read_text()), 20, "the worker serves")
     with contextlib.suppress(KernelError):  # the worker dies before it can answer
         await runtime.send_message([TextBlock(text="x")], AgentId("conn-killer", "k"), timeout=5)
     async with asyncio.timeout(20):
@@ -174,6 +178,21 @@ async def test_worker_whose_connection_is_closed_for_good_exits_nonzero(
     assert proc.returncode == 1
     log = (tmp_path / "worker0.log").read_text()
     assert "NATS connection was closed for good" in log
+
+
+async def test_worker_whose_connection_dies_during_start_exits_nonzero_and_says_why(
+    worker_process: WorkerProcess, tmp_path: Path
+) -> None:
+    """The same fatal server error while `Worker.start` runs: the start fails on a closed connection and
+    the worker must exit 1 naming the cause, not die with a bare traceback or linger."""
+    proc = worker_process(APP.replace(":app", ":start_killer"), *FAST)
+    async with asyncio.timeout(30):
+        while proc.poll() is None:  # noqa: ASYNC110 - another process's state
+            await asyncio.sleep(0.1)
+    assert proc.returncode == 1
+    log = (tmp_path / "worker0.log").read_text()
+    assert "NATS connection was closed for good" in log
+    assert " serving " not in log
 
 
 async def test_crash_retried_parent_spawns_its_child_under_the_same_run_id(

@@ -339,3 +339,30 @@ def test_shares_sum_exactly_to_the_partition_count(partitions: int, workers: set
     assert sum(shares) == partitions
     assert max(shares) - min(shares) <= 1
     assert max(shares) == -(-partitions // len(workers))
+
+
+async def test_recover_adopts_only_this_holders_own_newer_write(conns: tuple[Client, Client]) -> None:
+    """A renewal whose reply was lost may have been applied: `recover` keeps the lease when the stored
+    record is still this acquisition's, and refuses when someone else (or a new acquisition) wrote."""
+    kv = await make_kv(conns[0], "leases", ttl=30)
+    mgr = LeaseManager(kv, "w-a", 30)
+    lease = await mgr.try_acquire(KEY)
+    assert lease is not None
+    applied = await mgr.renew(lease)  # stands for the renewal whose answer never arrived
+    assert applied is not None
+    assert await mgr.renew(lease) is None  # the stale handle alone stays fenced
+    recovered = await mgr.recover(lease)
+    assert recovered is not None
+    assert recovered.revision > applied.revision
+    assert await mgr.renew(recovered) is not None
+    # A new acquisition by the same owner (a restart with the same id) is not the old lease's.
+    again = await mgr.try_acquire(KEY)
+    assert again is not None
+    assert await mgr.recover(lease) is None
+    # Another owner's record is never adopted.
+    other = LeaseManager(await conns[1].jetstream().key_value("leases"), "w-b", 30)
+    assert await mgr.release(again) is True
+    taken = await other.try_acquire(KEY)
+    assert taken is not None
+    assert await mgr.recover(lease) is None
+    assert await mgr.holder(KEY) == "w-b"

@@ -72,6 +72,7 @@ from ._orchestration import (
     StartRunRequest,
     run_key,
 )
+from ._outage import is_unavailable
 from ._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
 from ._server import NatsServer
 from ._subjects import Subjects, checkpoint_key, escape_token
@@ -338,12 +339,7 @@ class Runtime:
         future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
         self._pending[env.id] = future
         try:
-            ack = await self.js.publish(
-                subject,
-                data,
-                headers=headers,
-                timeout=remaining,
-            )
+            ack = await self._publish_durable(subject, data, headers, deadline, inp, env.id)
             if ack.duplicate:
                 # The same message id inside the dedupe window: the server dropped this copy, so nobody would
                 # answer it. Ask the agent for the stored reply instead (the handler never runs twice).
@@ -356,6 +352,27 @@ class Runtime:
         finally:
             self._pending.pop(env.id, None)
         return self._unwrap(reply)
+
+    async def _publish_durable(
+        self, subject: str, data: bytes, headers: dict[str, str], deadline: float, inp: SendInput, msg_id: str
+    ) -> js_api.PubAck:
+        """Publish into the inbox stream, riding out a leader election until `deadline`: a retry carries the
+        same `Nats-Msg-Id`, so the stream keeps one copy even if an unanswered attempt was stored."""
+        delay = 0.1
+        while True:
+            remaining = deadline - time.monotonic()
+            try:
+                if remaining <= 0:
+                    raise TimeoutError
+                # Bounded per attempt: with no stream leader a publish is simply never answered.
+                return await self.js.publish(subject, data, headers=headers, timeout=min(remaining, 5.0))
+            except Exception as exc:
+                if not is_unavailable(exc):
+                    raise
+                if deadline - time.monotonic() <= delay:
+                    raise ReplyTimeoutError(str(inp.recipient), msg_id, inp.timeout_s) from exc
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _resend(self, subject: str, env: Envelope, headers: dict[str, str], timeout: float) -> None:
         """Publish a copy of `env` marked as a resend under a fresh `Nats-Msg-Id`: it queues behind the
@@ -543,21 +560,29 @@ class Runtime:
     ) -> RunRecord:
         """Wait (event-driven, on the run's KV key) until the run's status is in `until` (default: ended)."""
         key = run_key(escape_token(run_id))
-        watcher = await self.topology.runs.watch(key)
         try:
             async with asyncio.timeout(timeout):
                 while True:
-                    entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
-                    if entry is None or not entry.value:
+                    try:
+                        watcher = await self.topology.runs.watch(key)
+                    except Exception as exc:
+                        if not is_unavailable(exc):
+                            raise
+                        await asyncio.sleep(0.2)  # a leader election: the bucket answers again shortly
                         continue
-                    record = msgspec.json.decode(entry.value, type=RunRecord)
-                    if record.status in until:
-                        return record
+                    try:
+                        while True:
+                            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
+                            if entry is None or not entry.value:
+                                continue
+                            record = msgspec.json.decode(entry.value, type=RunRecord)
+                            if record.status in until:
+                                return record
+                    finally:
+                        with contextlib.suppress(Exception):
+                            await watcher.stop()  # type: ignore[no-untyped-call]
         except TimeoutError:
             raise ReplyTimeoutError(f"run/{run_id}", run_id, timeout) from None
-        finally:
-            with contextlib.suppress(Exception):
-                await watcher.stop()  # type: ignore[no-untyped-call]
 
     async def run_result(self, run_id: str, *, timeout: float = 60.0) -> list[BaseBlock]:
         """The root's reply when the run completed; otherwise raise the run's typed error."""

@@ -119,6 +119,33 @@ class LeaseManager:
             return None
         return msgspec.structs.replace(lease, revision=revision)
 
+    async def recover(self, lease: Lease) -> Lease | None:
+        """After a renewal whose outcome is unknown (its reply was lost, e.g. in a JetStream leader election):
+        the lease, renewed, if the stored record is still this holder's own acquisition, else None.
+
+        The lost renewal may have been applied, leaving `lease.revision` stale although nobody else wrote.
+        Only this holder writes records with its owner id and this acquisition time, so such a record is
+        ours. Call it only for a lease whose last renewal failed with an unknown outcome: a plain stale
+        handle must stay fenced (`renew` refuses it).
+        """
+        try:
+            entry = await self.kv.get(lease.key)
+        except KeyNotFoundError:
+            return None
+        if not entry.value or entry.revision is None:
+            return None
+        try:
+            record = _decoder.decode(entry.value)
+        except msgspec.DecodeError:
+            return None
+        if record.owner != self.owner_id or record.acquired_at != lease.acquired_at:
+            return None
+        try:
+            revision = await self.kv.update(lease.key, self._record(lease.acquired_at), last=entry.revision)
+        except KeyWrongLastSequenceError:
+            return None
+        return msgspec.structs.replace(lease, revision=revision)
+
     async def release(self, lease: Lease) -> bool:
         """Give `lease` up; False (and nothing deleted) if it is no longer ours."""
         try:

@@ -199,6 +199,8 @@ class PartitionOwner:
         #: acquire/renew request plus the TTL. A worker that stalled (SIGSTOP, GC, frozen VM) past it may
         #: have lost the partition without knowing yet, so it must not start that partition's work.
         self.fresh_until: dict[int, float] = {}
+        #: Partitions whose last renewal got no answer (it may have been applied): see `_renew`.
+        self._unsure: set[int] = set()
         self.draining = False
 
     def _lease_key(self, p: int) -> str:
@@ -221,10 +223,50 @@ class PartitionOwner:
 
     async def _renew(self, p: int, lease: Lease) -> Lease | None:
         started = time.monotonic()
-        renewed = await self.leases.renew(lease)
+        try:
+            renewed = await self.leases.renew(lease)
+        except Exception:
+            # No answer (a leader election, a reconnect): the renewal may still have been applied, which
+            # makes the revision we hold stale. The next round checks before calling the lease lost.
+            self._unsure.add(p)
+            raise
+        if renewed is None and p in self._unsure:
+            renewed = await self.leases.recover(lease)
+        self._unsure.discard(p)
         if renewed is not None:
             self.fresh_until[p] = started + self.leases.ttl_s
         return renewed
+
+    async def renew_held(self) -> None:
+        """Renew every held lease at once, on a timer of its own (not in `rebalance`, whose acquisitions
+        and consumer creations can take longer than a TTL while the cluster elects leaders).
+
+        A renewal that gets no answer keeps its partition for now: `may_start` stops new work once the
+        lease may have run out, and the next call asks again. Only a lease the store says is gone is
+        dropped. (Renewed one by one inside the rebalance round, every lease ran out together after a
+        node loss.)"""
+        held = list(self.owned.items())
+        results = await asyncio.gather(
+            *(self._renew(p, lease) for p, (lease, _) in held), return_exceptions=True
+        )
+        unanswered = 0
+        for (p, (_, puller)), result in zip(held, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result
+                unanswered += 1
+            elif self.owned.get(p, (None, None))[1] is not puller:
+                continue  # dropped or re-taken meanwhile by `rebalance`
+            elif result is None:
+                log.warning("lost lease on %s partition %d", self.agent_type, p)
+                await self._drop(p, release=False)
+                self.on_lost(p)
+            else:
+                self.owned[p] = (result, puller)
+        if unanswered:
+            log.warning(
+                "%d %s lease renewals got no answer; asking again next round", unanswered, self.agent_type
+            )
 
     def _done(self, p: int) -> None:
         self.inflight[p] -= 1
@@ -241,16 +283,8 @@ class PartitionOwner:
                 await self.leases.release(lease)
 
     async def rebalance(self) -> None:
-        """One round: renew what we hold, release surplus, acquire free partitions up to our share."""
+        """One round: release surplus, acquire free partitions up to our share (`renew_held` renews)."""
         await self._finish_handovers()
-        for p, (lease, puller) in list(self.owned.items()):
-            renewed = await self._renew(p, lease)
-            if renewed is None:
-                log.warning("lost lease on %s partition %d", self.agent_type, p)
-                await self._drop(p, release=False)
-                self.on_lost(p)
-            else:
-                self.owned[p] = (renewed, puller)
         if self.draining:
             return
         workers = await self.live_workers()

@@ -28,6 +28,10 @@ class WorkerConfig:
     idle_passivate_s: float = 60.0
     max_activations: int = 10_000
     worker_id: str | None = None
+    #: How long a message whose handling failed for the cluster's sake (no answer, no stream response, a
+    #: reconnect: a leader election, a lost node) is retried in place before it is left for redelivery.
+    #: Such failures never dead-letter a message and never use up its attempts.
+    unavailable_retry_s: float = 120.0
 
 
 @dataclass
@@ -85,6 +89,8 @@ class _Work:
     task: asyncio.Future[Any] | None = None
     #: Set when the partition's lease was lost: the message must not start, or commit, here.
     lease_lost: bool = False
+    #: Until when (monotonic) a handler failing on an outage is run again rather than answered with its error.
+    outage_until: float = 0.0
 
     __hash__ = object.__hash__
 

@@ -60,6 +60,7 @@ from ._orchestration import (
     CancelNotice,
     PauseNotice,
 )
+from ._outage import is_nats_outage, is_unavailable
 from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo, WorkerInfo
 from ._runend import RunEndReporter
@@ -217,6 +218,7 @@ class Worker:
             await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._on_pause)
         )
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
+        self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
 
     def _live_worker_ids(self, agent_type: AgentType) -> Any:
@@ -241,21 +243,36 @@ class Worker:
         )
 
     async def _maintain(self) -> None:
-        """Heartbeats, lease renewal/rebalancing and passivation, on one timer."""
-        period = min(self.config.heartbeat_s, self.config.lease_ttl_s / 3)
-        # Runs on through a graceful stop (which ends it at the end): the leases of partitions whose
-        # in-flight work is still draining must stay renewed, or another worker would run that work again.
+        """Heartbeats, rebalancing and passivation, on one timer; leases are renewed on a timer of their own
+        (`_keep_leases`): a slow round here (consumer creation in an election) never lets them lapse."""
+        # Runs on through a graceful stop (which ends it at the end): see `_keep_leases`.
         # It stops on a flag, not only on cancel: nats-py can swallow a CancelledError inside a publish.
         me = asyncio.current_task()
         while not self._closed and not (me is not None and me.cancelling()):
-            await asyncio.sleep(period)
-            try:
-                await self._heartbeat()
-                for owner in self._owners.values():
-                    await owner.rebalance()
-                await self._passivate()
-            except Exception:  # keep maintaining through transient NATS errors
-                log.exception("worker maintenance round failed")
+            await asyncio.sleep(self._period)
+            for step in (self._heartbeat, *(o.rebalance for o in self._owners.values()), self._passivate):
+                try:
+                    await step()
+                except Exception:  # one failed step (a NATS timeout) must not skip the others
+                    log.exception("worker maintenance step %s failed", getattr(step, "__qualname__", step))
+
+    async def _keep_leases(self) -> None:
+        """Renew every held partition lease every period. Runs on through a graceful stop: the leases of
+        partitions whose in-flight work is still draining must stay renewed, or another worker would run
+        that work again."""
+        me = asyncio.current_task()
+        while not self._closed and not (me is not None and me.cancelling()):
+            await asyncio.sleep(self._period)
+            results = await asyncio.gather(
+                *(o.renew_held() for o in self._owners.values()), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, Exception):
+                    log.error("lease renewal failed", exc_info=result)
+
+    @property
+    def _period(self) -> float:
+        return min(self.config.heartbeat_s, self.config.lease_ttl_s / 3)
 
     def _forget_partition(self, agent_type: str, partition: int) -> None:
         for activation in self._activations.of_type(agent_type):
@@ -455,26 +472,47 @@ class Worker:
             return LEAVE
 
     async def _handle_in_order(self, work: _Work, attempts: int = 3) -> Settlement:
-        """Handle `work`, retrying a failed commit in place (the key's next message waits: FIFO holds); after
-        `attempts` the message is dead-lettered (`commit_failed`) with a typed error, so a poison message
-        never loops forever."""
-        for attempt in range(1, attempts + 1):
+        """Handle `work`, retrying a failed commit in place (the key's next message waits: FIFO holds).
+
+        A failure of the message's own (a state that cannot be stored, say) is dead-lettered
+        (`commit_failed`) after `attempts`, so a poison message never loops forever. A failure of the
+        cluster's (`is_unavailable`: a leader election, a lost node; also a handler that met one through its
+        context) waits in place, backing off, for up to `unavailable_retry_s`, and is then left for
+        redelivery: an outage never dead-letters work."""
+        deadline = work.outage_until = time.monotonic() + self.config.unavailable_retry_s
+        failures, delay = 0, 0.2
+        while True:
             try:
                 return await self._handle(work)
             except (ConcurrentAppendError, CheckpointConflictError, _LeaseLost):
                 raise
             except Exception as exc:
-                log.warning("handling %s failed (attempt %d/%d): %r", work.env.id, attempt, attempts, exc)
-                self._activations.drop(work.agent_id)  # the next attempt starts from the last checkpoint
-                if attempt == attempts or self._stopping:
-                    if not work.durable or self._stopping:
-                        return LEAVE  # redelivered to whoever runs next
-                    error = (
-                        exc if isinstance(exc, KernelError) else HandlerError(str(exc), type(exc).__name__)
+                self._activations.drop(work.agent_id)  # the next try starts from the last checkpoint
+                if self._stopping:
+                    return LEAVE  # redelivered to whoever runs next
+                if is_unavailable(exc):
+                    if time.monotonic() + delay > deadline:
+                        log.error(
+                            "handling %s: the cluster stayed unavailable; left for redelivery", work.env.id
+                        )
+                        return LEAVE
+                    log.warning("handling %s waits for the cluster: %r", work.env.id, exc)
+                else:
+                    failures += 1
+                    log.warning(
+                        "handling %s failed (attempt %d/%d): %r", work.env.id, failures, attempts, exc
                     )
-                    return dead_letter_with("commit_failed", repr(exc), error)
-                await asyncio.sleep(0.2 * 2 ** (attempt - 1))
-        return LEAVE  # unreachable: the last attempt returns above
+                    if failures == attempts:
+                        if not work.durable:
+                            return LEAVE
+                        error = (
+                            exc
+                            if isinstance(exc, KernelError)
+                            else HandlerError(str(exc), type(exc).__name__)
+                        )
+                        return dead_letter_with("commit_failed", repr(exc), error)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
 
     async def _handle(self, work: _Work) -> Settlement:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
@@ -556,6 +594,10 @@ class Worker:
         except KernelError as exc:
             return Reply(id=env.id, ok=False, error=exc.to_wire(), handled_by=self.worker_id)
         except Exception as exc:
+            if is_nats_outage(exc) and time.monotonic() < work.outage_until:
+                # The handler met an outage through its context (a progress publish, a spawn with no stream
+                # leader): the cluster's failure, not the handler's. `_handle_in_order` runs it again.
+                raise
             error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))
             return Reply(id=env.id, ok=False, error=error.to_wire(), handled_by=self.worker_id)
 

@@ -161,9 +161,11 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
         await worker.start()
     except Exception:
         # nats-py closes a connection in a task of its own after the error that dooms it, so a request
-        # that failed meanwhile may be seen first: give the close a moment to show before deciding.
+        # that failed meanwhile may be seen first: give the close time to show before deciding (the close
+        # drains the socket first; on a loaded host that took over 2 s once, and the worker then died with
+        # a bare traceback instead of saying why).
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(rt.connection_closed.wait(), 2.0)
+            await asyncio.wait_for(rt.connection_closed.wait(), 10.0)
         if rt.nc.is_closed or rt.connection_closed.is_set():
             raise lost from None
         raise

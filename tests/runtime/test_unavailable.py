@@ -1,0 +1,92 @@
+"""A message whose commit fails because the cluster does not answer (a leader election, a lost node, here a
+frozen nats-server) waits in place and completes once the cluster is back: it is neither dead-lettered nor
+overtaken. Before, three quick attempts (under a second apart) ran out during the outage and the message
+was dead-lettered as `commit_failed`: seen on a 3-node cluster whose node was killed mid-run."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+
+import nats.js.errors
+import pytest
+
+from plexus.core import AgentId, BaseBlock, TextBlock
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime
+
+from .conftest import StartWorker
+
+
+def _text(blocks: list[BaseBlock]) -> str:
+    return "".join(getattr(b, "text", "") for b in blocks)
+
+
+async def test_a_commit_during_an_outage_waits_for_the_cluster_and_is_not_dead_lettered(
+    runtime: Runtime, start_worker: StartWorker, nats_server: NatsServer
+) -> None:
+    rt = runtime
+    entered = asyncio.Event()
+    app = App()
+
+    @app.agent("patient")
+    class Patient(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            self.state["seen"] = [*self.state.get("seen", []), _text(blocks)]
+            entered.set()
+            await asyncio.sleep(0.3)  # the server freezes before this handler commits
+            return [TextBlock(text=",".join(self.state["seen"]))]
+
+    await start_worker(app, lease_ttl_s=60.0)
+    agent = AgentId("patient", "k")
+    assert _text(await rt.send_message([TextBlock(text="warm")], agent, timeout=20)) == "warm"
+    entered.clear()
+    first = asyncio.ensure_future(rt.send_message([TextBlock(text="a")], agent, timeout=90))
+    await asyncio.wait_for(entered.wait(), 20)
+    assert nats_server.pid is not None
+    # Frozen for longer than three commit timeouts (5 s each) plus the old backoff: the old worker gave up.
+    os.kill(nats_server.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(17)
+    finally:
+        os.kill(nats_server.pid, signal.SIGCONT)
+    second = await rt.send_message([TextBlock(text="b")], agent, timeout=60)
+    assert _text(await first) == "warm,a"  # committed once, answered after the outage
+    assert _text(second) == "warm,a,b"  # and not overtaken by the next message of its key
+    with pytest.raises(nats.js.errors.NotFoundError):
+        await rt.js.get_last_msg(rt.topology.names.dlq_stream, rt.subjects.dlq("patient"))
+
+
+async def test_a_handler_that_meets_an_outage_through_its_context_runs_again_instead_of_failing(
+    runtime: Runtime, start_worker: StartWorker, nats_server: NatsServer
+) -> None:
+    """Its progress publish gets no answer while the server is frozen: before, the handler's nats timeout
+    was committed as its answer (a HandlerError the caller could not tell from a bug in the handler)."""
+    rt = runtime
+    entered = asyncio.Event()
+    runs: list[str] = []
+    app = App()
+
+    @app.agent("reporter")
+    class Reporter(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            runs.append(_text(blocks))
+            entered.set()
+            await asyncio.sleep(0.5)  # the server freezes here
+            await ctx.emit_progress("thinking", [TextBlock(text="half way")])
+            return [TextBlock(text="reported " + _text(blocks))]
+
+    await start_worker(app, lease_ttl_s=60.0)
+    agent = AgentId("reporter", "k")
+    assert _text(await rt.send_message([TextBlock(text="warm")], agent, timeout=20)) == "reported warm"
+    entered.clear()
+    pending = asyncio.ensure_future(rt.send_message([TextBlock(text="x")], agent, timeout=90))
+    await asyncio.wait_for(entered.wait(), 20)
+    assert nats_server.pid is not None
+    os.kill(nats_server.pid, signal.SIGSTOP)
+    try:
+        await asyncio.sleep(8)
+    finally:
+        os.kill(nats_server.pid, signal.SIGCONT)
+    assert _text(await pending) == "reported x"
+    assert runs.count("x") >= 2  # it ran again after the outage: the first run's failure was not its answer
