@@ -90,4 +90,4 @@ class _KillConnectionOnStart(Interceptor):
 
 
 start_killer = App(interceptors=[_KillConnectionOnStart()])
-start_killer.register("echo", Echo, description="returns its input")
+start_killer.register("echo", lambda _id: Echo(), description="returns its input")
