@@ -11,7 +11,15 @@ import json
 import os
 import signal
 
-from plexus.core import AgentId, BaseBlock, BudgetExhaustedError, KernelError, SpawnDenied, TextBlock
+from plexus.core import (
+    AgentId,
+    BaseBlock,
+    BudgetExhaustedError,
+    KernelError,
+    MiddlewareTermination,
+    SpawnDenied,
+    TextBlock,
+)
 from plexus.runtime import Agent, App, Context
 
 app = App()
@@ -113,3 +121,9 @@ class Doomed(Agent):
             await asyncio.sleep(0.2)
             os.kill(os.getpid(), signal.SIGKILL)
         return [TextBlock(text="survived")]
+
+
+@app.agent("guarded", description="a guard ends its run on purpose (MiddlewareTermination)")
+class Guarded(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        raise MiddlewareTermination("guardrail: forbidden topic " + _text(blocks))

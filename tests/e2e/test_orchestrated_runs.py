@@ -20,6 +20,7 @@ from plexus.core import (
     CancellationError,
     ExecutionBudget,
     KernelError,
+    MiddlewareTermination,
     Priority,
     RetryPolicy,
     SpawnBudget,
@@ -29,6 +30,7 @@ from plexus.runtime import Runtime, escape_token
 from plexus.runtime._cluster import ServiceUnavailableError
 from plexus.runtime._leases import LeaseManager
 from plexus.runtime._orchestration import RunRecord, budget_counter_subject
+from plexus.runtime.orchestration import TERMINAL, RunStatus
 from tests.runtime.conftest import WorkerProcess
 
 from .conftest import OrchestratorProcess
@@ -166,6 +168,24 @@ async def test_spawn_denied_at_max_agents(
     )
     # The root holds one slot of three: two children run, three are denied while they hold theirs.
     assert sorted(r.split(":")[0] for r in results) == ["denied", "denied", "denied", "ok", "ok"]
+
+
+async def test_a_run_ended_by_a_guard_is_guardrail_tripped_not_failed(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator_process: OrchestratorProcess
+) -> None:
+    """Seed 002 / issue 10: `MiddlewareTermination` ends the run with status `guardrail_tripped` and the
+    reason (before, it was recorded as an ordinary failure)."""
+    orchestrator_process()
+    worker_process(APP, *FAST)
+    await ready(runtime, 1)
+    run_id = await runtime.start_run(AgentId("guarded", "g"), [TextBlock(text="x")])
+    record = await runtime.wait_run(run_id, timeout=30)
+    assert record.status == RunStatus.GUARDRAIL_TRIPPED
+    assert record.reason == "guardrail: forbidden topic x"
+    with pytest.raises(MiddlewareTermination) as info:
+        await runtime.run_result(run_id, timeout=5)
+    assert str(info.value) == "guardrail: forbidden topic x"
+    assert record.status in TERMINAL
 
 
 async def test_high_priority_spawn_preempts_the_lowest_priority_agent(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import json
 
-from plexus.core import AgentId, BaseBlock, KernelError, TextBlock
+from plexus.core import AgentId, BaseBlock, DataBlock, KernelError, TextBlock
 from plexus.runtime import Agent, App, Context
+from plexus.runtime.orchestration import APPROVAL_KEY
 
 app = App()
 
@@ -105,3 +106,16 @@ class Tooler(Agent):
         await ctx.emit_progress("tool_call", [TextBlock(text="search(q='sse')")])
         await ctx.emit_progress("tool_result", [TextBlock(text="3 hits")])
         return [TextBlock(text="done")]
+
+
+@app.agent("gatekeeper", description="waits for a person's decision before it answers")
+class Gatekeeper(Agent):
+    """The runtime's approval protocol without plexus.llm: ask once, answer with the decision."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        data = blocks[0].data if len(blocks) == 1 and isinstance(blocks[0], DataBlock) else {}
+        decision = data.get(APPROVAL_KEY)
+        if isinstance(decision, dict):
+            return [TextBlock(text=f"{decision['call_id']} approved={decision['approved']}")]
+        ctx.await_approval(["door-1"])
+        return [TextBlock(text="waiting for door-1")]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
+from plexus.core import TextBlock
+
 from .conftest import Stack, read_sse
 
 
@@ -21,6 +23,7 @@ async def test_openapi_lists_the_v1_routes(gw: Stack) -> None:
         "/v1/runs/{run_id}/tree",
         "/v1/runs/{run_id}/events",
         "/v1/runs/{run_id}/cancel",
+        "/v1/runs/{run_id}/approve",
         "/v1/sessions",
         "/v1/agents/{agent_type}/{key}/messages",
     ):
@@ -132,6 +135,28 @@ async def test_cancel_cancels_the_tree(gw: Stack) -> None:
     assert record.status == "cancelled"
     again = await gw.client.post(f"/v1/runs/{run_id}/cancel")
     assert again.status_code in (200, 409)
+
+
+async def test_a_run_awaiting_approval_shows_it_and_resumes_when_approved(gw: Stack) -> None:
+    created = await gw.client.post("/v1/runs", json={"agent_id": "gatekeeper/g1", "input": text("open")})
+    run_id = created.json()["run_id"]
+    await gw.rt.wait_run(run_id, timeout=20, until=("awaiting_approval",))
+    shown = (await gw.client.get(f"/v1/runs/{run_id}")).json()
+    assert shown["run"]["status"] == "awaiting_approval"
+    assert shown["run"]["awaiting"] == ["door-1"]
+    wrong = await gw.client.post(f"/v1/runs/{run_id}/approve", json={"decision_id": "door-2"})
+    assert wrong.status_code == 409, wrong.text
+    assert wrong.json()["error_type"] == "RunStateError"
+    empty = await gw.client.post(f"/v1/runs/{run_id}/approve", json={"decision_id": ""})
+    assert empty.status_code == 422
+    ok = await gw.client.post(f"/v1/runs/{run_id}/approve", json={"decision_id": "door-1", "reason": "fine"})
+    assert ok.status_code == 200, ok.text
+    assert ok.json()["run"]["status"] == "running"
+    record = await gw.rt.wait_run(run_id, timeout=20)
+    assert record.status == "completed"
+    assert [b.text for b in await gw.rt.run_result(run_id) if isinstance(b, TextBlock)] == [
+        "door-1 approved=True"
+    ]
 
 
 async def test_events_stream_snapshot_then_live_then_done(gw: Stack) -> None:

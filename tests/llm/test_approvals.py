@@ -3,11 +3,12 @@ after the worker that suspended it has stopped, and the loop resumes on the new 
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
-from plexus.core import AgentId, DataBlock, ErrorBlock, TextBlock, ToolResultBlock
+from plexus.core import AgentId, DataBlock, ErrorBlock, KernelError, TextBlock, ToolResultBlock
 from plexus.llm import (
     ApprovalPendingError,
     LLMAgent,
@@ -19,6 +20,7 @@ from plexus.llm import (
     tool,
 )
 from plexus.runtime import App, Runtime
+from plexus.runtime.orchestration import RunStateError, RunStatus
 
 SENT: list[int] = []
 
@@ -93,3 +95,73 @@ async def test_denied_call_is_an_error_the_model_sees(runtime: Runtime, start_wo
     assert isinstance(error, ErrorBlock)
     assert error.error_type == "ApprovalDenied"
     assert "too much" in error.message
+
+
+@pytest.fixture
+async def orchestrator(runtime: Runtime) -> Any:
+    """An in-process orchestrator replica on its own connection (the tests' process is not the worker's)."""
+    orchestration = pytest.importorskip("plexus.orchestrator")
+    url = runtime.nc.connected_url
+    assert url is not None
+    orch = await orchestration.Orchestrator.connect(f"nats://{url.hostname}:{url.port}")
+    await orch.start()
+    try:
+        yield orch
+    finally:
+        await orch.stop()
+
+
+async def _started(runtime: Runtime, agent: AgentId) -> str:
+    async with asyncio.timeout(20):
+        while True:
+            try:
+                return await runtime.start_run(agent, [TextBlock(text="pay 5")])
+            except KernelError as exc:  # the replica's service takes a moment to answer
+                if exc.error_type != "ServiceUnavailableError":
+                    raise
+                await asyncio.sleep(0.1)
+
+
+async def test_an_orchestrated_run_awaits_approval_as_its_status_and_resumes_on_approve(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    """Issue 10 item 6: the suspension is the run's status (`get_run`), and `Runtime.approve` resumes the
+    same run from any process; a decision on anything the run does not wait for is a typed error."""
+    SENT.clear()
+    model = _script()
+    agent = AgentId("payer", "carol")
+    await start_worker(_app(model))
+    run_id = await _started(runtime, agent)
+    record = await runtime.wait_run(run_id, timeout=20, until={RunStatus.AWAITING_APPROVAL})
+    assert record.awaiting == ["c1"]
+    assert (await runtime.get_run(run_id)).status == RunStatus.AWAITING_APPROVAL
+    assert SENT == []
+    with pytest.raises(RunStateError):
+        await runtime.approve(run_id, "c9")  # not a call it waits for
+
+    resumed = await runtime.approve(run_id, "c1")
+    assert resumed.status == RunStatus.RUNNING
+    assert resumed.awaiting == []
+    reply = await runtime.run_result(run_id, timeout=20)
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    assert SENT == [5]
+    assert (await runtime.get_run(run_id)).status == RunStatus.COMPLETED
+    with pytest.raises(RunStateError):
+        await runtime.approve(run_id, "c1")  # decided once; the run has ended
+
+
+async def test_an_orchestrated_denial_reaches_the_model_and_the_run_completes(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    SENT.clear()
+    model = _script()
+    await start_worker(_app(model))
+    run_id = await _started(runtime, AgentId("payer", "dave"))
+    await runtime.wait_run(run_id, timeout=20, until={RunStatus.AWAITING_APPROVAL})
+    await runtime.deny(run_id, "c1", reason="not today")
+    reply = await runtime.run_result(run_id, timeout=20)
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    assert SENT == []
+    (error,) = _results(model.requests[1])["c1"].content
+    assert isinstance(error, ErrorBlock)
+    assert "not today" in error.message

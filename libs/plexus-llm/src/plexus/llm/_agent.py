@@ -126,6 +126,7 @@ class LLMAgent(Agent):
                 raise ApprovalPendingError(f"awaiting approval of tool calls {calls}", calls)
             pending["decisions"][decision["call_id"]] = decision
             if set(pending["decisions"]) != set(pending["calls"]):
+                ctx.await_approval([c for c in pending["calls"] if c not in pending["decisions"]])
                 return _awaiting(pending)
             # Every pending call is decided: run the tool step of the suspended turn, then go on.
             calls_made = [b for b in history[-1].blocks if isinstance(b, ToolUseBlock)]
@@ -210,6 +211,7 @@ class LLMAgent(Agent):
         await ctx.emit_progress(
             AgentStep.PAUSED, waiting, metadata={"awaiting_approval": calls, "steps": step}
         )
+        ctx.await_approval(calls)  # an orchestrated run waits (status awaiting_approval), not completes
         return _awaiting(pending)
 
     async def _iteration(

@@ -3,9 +3,13 @@
 The loop stops before running the tools of a turn that calls such a tool: the transcript (with the calls
 unanswered) and the pending call ids go into the agent's state, which the runtime checkpoints, so the pending
 approval survives worker restarts and moves with the agent. A progress step ``paused`` announces it and the
-reply says ``awaiting_approval``. Any process decides with `approve` (a message to the agent, through
-`Runtime.send_message`); the handler of that message, on whichever worker owns the agent then, runs the
-approved calls, answers denied ones with an ErrorBlock the model sees, and resumes the loop.
+reply says ``awaiting_approval``; the handler also calls `Context.await_approval`, so an orchestrated run
+gets the run status ``awaiting_approval`` (with the call ids) instead of ``completed``. Any process decides:
+`Runtime.approve(run_id, call_id)` / `Runtime.deny` for an orchestrated run (the orchestrator delivers the
+decision inside the run), or `approve` here (a message to the agent, through `Runtime.send_message`). The
+handler of that message, on whichever worker owns the agent then, runs the approved calls, answers denied
+ones with an ErrorBlock the model sees, and resumes the loop. The decision message format
+(`plexus.runtime.orchestration.approval_blocks`) is the runtime's.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from typing import Any, ClassVar
 
 from plexus.core import AgentId, BaseBlock, DataBlock, KernelError
 from plexus.runtime import Runtime
+from plexus.runtime.orchestration import APPROVAL_KEY, approval_blocks
 
 __all__ = [
     "APPROVAL_KEY",
@@ -25,8 +30,6 @@ __all__ = [
     "approve",
 ]
 
-#: DataBlock key of an approval decision message.
-APPROVAL_KEY = "plexus.llm.approval"
 #: Agent state key of the pending approval: {"calls": [call ids], "decisions": {call id: decision}}.
 PENDING_KEY = "plexus.llm.pending_approval"
 
@@ -49,11 +52,6 @@ class NoPendingApprovalError(KernelError):
     def __init__(self, message: str, call_id: str = "") -> None:
         super().__init__(message)
         self.call_id = call_id
-
-
-def approval_blocks(call_id: str, approved: bool, reason: str = "") -> list[BaseBlock]:
-    """The message that decides one pending call."""
-    return [DataBlock(data={APPROVAL_KEY: {"call_id": call_id, "approved": approved, "reason": reason}})]
 
 
 def approval_of(blocks: list[BaseBlock]) -> dict[str, Any] | None:

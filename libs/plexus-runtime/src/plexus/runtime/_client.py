@@ -64,6 +64,7 @@ from ._eventlog import EventLog
 from ._interceptors import Interceptor, PublishInput, SendInput, TracingInterceptor, chain
 from ._orchestration import (
     TERMINAL,
+    ApproveRequest,
     CancelRequest,
     GetRunRequest,
     RunRecord,
@@ -550,6 +551,22 @@ class Runtime:
     async def get_run(self, run_id: str) -> RunRecord:
         """The persisted state of one run (root or child): status, reason, tree links, usage, attempts."""
         return await self.orchestrator.call("get", GetRunRequest(run_id=run_id), RunRecord)
+
+    async def approve(
+        self, run_id: str, decision_id: str, *, approved: bool = True, reason: str = ""
+    ) -> RunRecord:
+        """Decide one thing an ``awaiting_approval`` run waits for (a tool call id), from any process.
+
+        The orchestrator checks that the run waits for `decision_id` and delivers the decision to its
+        agent inside the run, on whichever worker owns the agent then; the run is ``running`` again
+        (returned) and ends as its agent answers (`wait_run` / `run_result`). RunStateError when it
+        waits for no such thing."""
+        request = ApproveRequest(run_id=run_id, id=decision_id, approved=approved, reason=reason)
+        return await self.orchestrator.call("approve", request, RunRecord)
+
+    async def deny(self, run_id: str, decision_id: str, reason: str = "") -> RunRecord:
+        """`approve` with ``approved=False``: the agent sees the refusal (an error result for the call)."""
+        return await self.approve(run_id, decision_id, approved=False, reason=reason)
 
     async def cancel_run(self, run_id: str, reason: str = "cancelled") -> RunRecord:
         """Cancel the run tree; every agent of it on every worker sees CancellationError(reason)."""

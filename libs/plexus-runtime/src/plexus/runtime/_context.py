@@ -82,6 +82,8 @@ class Context:
     pending_entries: list[KernelMessage] = field(default_factory=list, repr=False)
     #: Children spawned so far by this handler run: their ordinal makes their run ids deterministic.
     _spawned: int = field(default=0, repr=False)
+    #: Set by `await_approval`: the decisions this message's reply waits for.
+    awaiting: list[str] | None = field(default=None, repr=False)
 
     @property
     def cancellation(self) -> CancellationHandle:
@@ -139,6 +141,14 @@ class Context:
     ) -> list[BaseBlock]:
         """Start `child` as a sub-run of this run and await its reply (SpawnDenied when over budget)."""
         return await self._backend.spawn_from(self, child, blocks, priority, timeout)
+
+    def await_approval(self, ids: Sequence[str]) -> None:
+        """End this message waiting for decisions on `ids` (e.g. tool calls) rather than done: an orchestrated
+        run it started gets status ``awaiting_approval`` (not ``completed``) when the handler returns, and
+        `Runtime.approve` delivers each decision to this agent inside the same run."""
+        if not ids or not all(isinstance(i, str) and i for i in ids):
+            raise ValueError("await_approval needs at least one non-empty id")
+        self.awaiting = list(ids)
 
     def record(self, entry: KernelMessage) -> None:
         """Add an entry to this agent's EventLog; written atomically with the message's own entries."""

@@ -138,6 +138,8 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     payload: msgspec.Raw | None = None
     error: dict[str, Any] | None = None
     handled_by: str | None = None
+    #: Set when the handler ended waiting for decisions (`Context.await_approval`): the ids it waits for.
+    awaiting: list[str] | None = None
 
 
 _NULL = msgspec.Raw(b"null")

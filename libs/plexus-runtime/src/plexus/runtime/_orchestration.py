@@ -20,14 +20,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
-from plexus.core import KernelError
+from plexus.core import BaseBlock, DataBlock, KernelError
 
 from ._envelope import RunInfo
 
 __all__ = [
+    "APPROVAL_KEY",
     "ORCH_SERVICE_NAME",
     "ORCH_VERSION",
     "TERMINAL",
+    "ApproveRequest",
     "CancelNotice",
     "CancelRequest",
     "CrashReport",
@@ -46,6 +48,7 @@ __all__ = [
     "StartRunRequest",
     "TreeRecord",
     "UsageTotals",
+    "approval_blocks",
     "attempt_counter_subject",
     "budget_counter_subject",
     "cancel_subject",
@@ -83,9 +86,15 @@ class RunStatus(enum.StrEnum):
     COMPLETED = "completed"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    #: Ended on purpose by a guard (`MiddlewareTermination`): not a failure to retry or to page about.
+    GUARDRAIL_TRIPPED = "guardrail_tripped"
+    #: Its handler returned waiting for a decision (`Context.await_approval`); `Runtime.approve` resumes it.
+    AWAITING_APPROVAL = "awaiting_approval"
 
 
-TERMINAL = frozenset({RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED})
+TERMINAL = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.GUARDRAIL_TRIPPED}
+)
 
 
 class UsageTotals(msgspec.Struct, omit_defaults=True):
@@ -119,6 +128,8 @@ class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     output: _OptionalRaw = None  # JSON array of content blocks (completed runs)
     error: dict[str, Any] | None = None  # KernelError.to_wire() (failed/cancelled runs)
     retry_at: float | None = None  # PENDING after a crash: when the worker starts the next attempt
+    awaiting: list[str] = []  # AWAITING_APPROVAL: the decisions it waits for (e.g. tool call ids)
+    decided: list[str] = []  # decisions already sent to its agent (never reopened by a late report)
 
     def __post_init__(self) -> None:
         self.output = _null_to_none(self.output)
@@ -198,8 +209,9 @@ class SpawnReply(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 class FinishedReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     run_id: str
-    status: Literal["completed", "failed", "cancelled"]
+    status: Literal["completed", "failed", "cancelled", "guardrail_tripped", "awaiting_approval"]
     output: _OptionalRaw = None  # JSON array of content blocks
+    awaiting: list[str] = []  # what an awaiting_approval run waits for (tool call ids)
     error: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -224,6 +236,24 @@ class CancelRequest(msgspec.Struct, kw_only=True):
 
 class GetRunRequest(msgspec.Struct, kw_only=True):
     run_id: str
+
+
+class ApproveRequest(msgspec.Struct, kw_only=True):
+    """A decision on one thing an ``awaiting_approval`` run waits for (``id``: e.g. a tool call id)."""
+
+    run_id: str
+    id: str
+    approved: bool = True
+    reason: str = ""
+
+
+#: DataBlock key of a decision message (`approval_blocks`): what an awaiting agent receives from `approve`.
+APPROVAL_KEY = "plexus.approval"
+
+
+def approval_blocks(decision_id: str, approved: bool, reason: str = "") -> list[BaseBlock]:
+    """The message that carries one decision to the agent that awaits it."""
+    return [DataBlock(data={APPROVAL_KEY: {"call_id": decision_id, "approved": approved, "reason": reason}})]
 
 
 # -- typed error replies ------------------------------------------------------------------------------

@@ -22,6 +22,12 @@ from ._work import _is_run_entry, _Work
 
 __all__ = ["RunEndReporter"]
 
+#: A run's end status by the error type of its reply (anything else failed).
+_STATUS_OF_ERROR: dict[str | None, Literal["cancelled", "guardrail_tripped"]] = {
+    "CancellationError": "cancelled",
+    "MiddlewareTermination": "guardrail_tripped",
+}
+
 log = logging.getLogger("plexus.worker")
 
 #: ``dead_letter(work, reason, detail) -> whether the copy was stored``
@@ -41,10 +47,17 @@ class RunEndReporter:
         if run is None or not _is_run_entry(env):
             return True
         error_type = (reply.error or {}).get("error_type")
-        status: Literal["completed", "failed", "cancelled"] = (
-            "completed" if reply.ok else "cancelled" if error_type == "CancellationError" else "failed"
+        status: Literal["completed", "failed", "cancelled", "guardrail_tripped", "awaiting_approval"]
+        status = "awaiting_approval" if reply.awaiting else "completed"
+        if not reply.ok:
+            status = _STATUS_OF_ERROR.get(error_type, "failed")
+        report = FinishedReport(
+            run_id=run.run_id,
+            status=status,
+            output=reply.payload,
+            error=reply.error,
+            awaiting=list(reply.awaiting or []) if reply.ok else [],
         )
-        report = FinishedReport(run_id=run.run_id, status=status, output=reply.payload, error=reply.error)
         try:
             await self.orchestrator.call("finished", report, dict, namespace=self.namespace)
         except (RunNotFoundError, InvalidRunRequest, RunStateError) as exc:

@@ -586,7 +586,9 @@ class Worker:
             )
             result = await run_stoppable(work, handle) if work.durable else await handle
             payload = payload_from_blocks(await self.rt.artifacts.offload(result or []))
-            return Reply(id=env.id, ok=True, payload=payload, handled_by=self.worker_id)
+            return Reply(
+                id=env.id, ok=True, payload=payload, handled_by=self.worker_id, awaiting=ctx.awaiting
+            )
         except RetriesExhausted as exhausted:  # keep the message with its context, then tell the orchestrator
             await self._dlq_copy(work.msg, "retries_exhausted", str(exhausted.error), env)
             await exhausted.report()

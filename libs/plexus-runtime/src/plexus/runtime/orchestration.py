@@ -9,10 +9,12 @@ this module instead of the runtime's private ones (an import-linter contract enf
 from __future__ import annotations
 
 from ._orchestration import (
+    APPROVAL_KEY,
     COST_SCALE,
     ORCH_SERVICE_NAME,
     ORCH_VERSION,
     TERMINAL,
+    ApproveRequest,
     CancelNotice,
     CancelRequest,
     CrashReport,
@@ -31,6 +33,7 @@ from ._orchestration import (
     StartRunRequest,
     TreeRecord,
     UsageTotals,
+    approval_blocks,
     attempt_counter_subject,
     budget_counter_subject,
     cancel_subject,
@@ -42,10 +45,12 @@ from ._orchestration import (
 )
 
 __all__ = [
+    "APPROVAL_KEY",
     "COST_SCALE",
     "ORCH_SERVICE_NAME",
     "ORCH_VERSION",
     "TERMINAL",
+    "ApproveRequest",
     "CancelNotice",
     "CancelRequest",
     "CrashReport",
@@ -64,6 +69,7 @@ __all__ = [
     "StartRunRequest",
     "TreeRecord",
     "UsageTotals",
+    "approval_blocks",
     "attempt_counter_subject",
     "budget_counter_subject",
     "cancel_subject",

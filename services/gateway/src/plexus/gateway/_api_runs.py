@@ -9,6 +9,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from sse_starlette import EventSourceResponse
 
 from plexus.core import AgentId, BaseBlock, content_block_to_dict
+from plexus.runtime.orchestration import RunStatus
 
 from ._events import tree_events
 from ._models import AgentTypeOut, MessageIn, MessageOut, RunCreated, RunsPage, StartRun, WorkerOut
@@ -121,7 +122,7 @@ async def list_runs(
     gw: Gw,
     status: Annotated[
         list[str] | None,
-        Query(description="any of pending, running, suspended, completed, failed, cancelled"),
+        Query(description="any of " + ", ".join(RunStatus)),
     ] = None,
     agent_type: Annotated[str | None, Query(max_length=128)] = None,
     since: Annotated[float | None, Query(ge=0, le=1e11, description="epoch seconds")] = None,
@@ -131,7 +132,7 @@ async def list_runs(
     cursor: Annotated[str | None, Query(max_length=300)] = None,
 ) -> RunsPage:
     statuses = frozenset(s for item in status or [] for s in item.split(",") if s)
-    unknown = statuses - {"pending", "running", "suspended", "completed", "failed", "cancelled"}
+    unknown = statuses - {str(s) for s in RunStatus}
     if unknown:
         raise Problem(422, "Invalid status filter", f"unknown status {sorted(unknown)}")
     flt = RunFilter(statuses, agent_type, since, roots_only, session_id)
@@ -183,7 +184,27 @@ async def cancel_run(
 ) -> dict[str, Any]:
     root = await tree_root(gw, run_id)
     record = await gw.rt.cancel_run(str(root["run_id"]), reason)
-    return {"run": msgspec.to_builtins(record)}
+    return {"run": _as_json(record)}
+
+
+@router.post(
+    "/runs/{run_id}/approve",
+    summary="decide one thing an awaiting_approval run waits for (e.g. a tool call)",
+)
+async def approve_run(
+    gw: Gw,
+    run_id: RunIdPath,
+    decision_id: Annotated[str, Body(min_length=1, max_length=500, description="e.g. a tool call id")],
+    approved: Annotated[bool, Body()] = True,
+    reason: Annotated[str, Body(max_length=500)] = "",
+) -> dict[str, Any]:
+    record = await gw.rt.approve(run_id, decision_id, approved=approved, reason=reason)
+    return {"run": _as_json(record)}
+
+
+def _as_json(record: object) -> Any:
+    """A run record as JSON values (its `output` is raw JSON, which `to_builtins` cannot convert)."""
+    return msgspec.json.decode(msgspec.json.encode(record))
 
 
 def _last_event_id(header: str | None, query: str | None) -> int | None:

@@ -17,12 +17,14 @@ from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from plexus.core import AgentId
 from plexus.runtime import Runtime, escape_token, unescape_token
+from plexus.runtime.orchestration import TERMINAL as _TERMINAL
 
 from ._kv import keys_matching
 
 __all__ = ["TERMINAL", "RunFilter", "RunsView", "budget_view", "partitions_by_worker"]
 
-TERMINAL = frozenset({"completed", "failed", "cancelled"})
+#: The ended statuses as plain strings (run records reach the gateway as JSON).
+TERMINAL = frozenset(str(status) for status in _TERMINAL)
 #: The orchestrator's usage counters per tree, in the order the budget checks them.
 DIMENSIONS = ("tokens", "cost_micros", "turns")
 COST_SCALE = 1_000_000

@@ -48,12 +48,12 @@ from plexus.runtime.orchestration import (
 )
 
 from . import _validate as v
+from ._approvals import Approvals
 from ._budget import budget_error
 from ._endings import (
     DEADLINE,
     Ending,
     EngineConfig,
-    EngineCore,
     apply_ending,
     deadline_caused,
     deadline_ending,
@@ -68,7 +68,7 @@ __all__ = ["Engine", "EngineConfig", "tree_error"]
 log = logging.getLogger("plexus.orchestrator")
 
 
-class Engine(EngineCore):
+class Engine(Approvals):
     """All state transitions of run trees (see the module docstring)."""
 
     async def start(self, req: StartRunRequest) -> StartRunReply:
@@ -489,6 +489,8 @@ class Engine(EngineCore):
             await self._settle_slot(record)
             return record
         status = RunStatus(rep.status)
+        if status == RunStatus.AWAITING_APPROVAL:
+            return await self.awaiting(record, rep)
         if status == RunStatus.CANCELLED and deadline_caused(record, error):
             # The worker's deadline interceptor may report before the sweeper fails the tree: the outcome of
             # a missed deadline is one thing whoever reports first (FAILED, CancellationError("deadline")).
@@ -497,7 +499,11 @@ class Engine(EngineCore):
             error = (
                 CancellationError("cancelled") if status == RunStatus.CANCELLED else KernelError("run failed")
             ).to_wire()
-        decision = {RunStatus.COMPLETED: "completed", RunStatus.CANCELLED: "cancelled"}.get(status, "failed")
+        decision = {
+            RunStatus.COMPLETED: "completed",
+            RunStatus.CANCELLED: "cancelled",
+            RunStatus.GUARDRAIL_TRIPPED: "guardrail_tripped",
+        }.get(status, "failed")
         ending = Ending(status, decision, error if status != RunStatus.COMPLETED else None, output)
         return await self._end_run(record, ending)
 

@@ -1,6 +1,6 @@
 """The NATS micro-service front of the orchestrator: endpoints ``start``, ``spawn``, ``finished``,
-``crashed``, ``cancel`` and ``get`` under ``<prefix>.<ns>.orch.<verb>`` (queue group ``q``, so replicas share
-the load; discoverable through ``$SRV.PING|INFO|STATS``).
+``crashed``, ``cancel``, ``get`` and ``approve`` under ``<prefix>.<ns>.orch.<verb>`` (queue group ``q``,
+so replicas share the load; discoverable through ``$SRV.PING|INFO|STATS``).
 
 A request either gets the JSON reply of its verb or a micro error reply whose body is the
 `KernelError.to_wire()` dict (headers ``Nats-Service-Error``/``-Code``). No input can crash the service:
@@ -32,6 +32,7 @@ from plexus.core import (
 from plexus.runtime import escape_token
 from plexus.runtime.orchestration import (
     ORCH_SERVICE_NAME,
+    ApproveRequest,
     CancelRequest,
     CrashReport,
     FinishedReport,
@@ -52,7 +53,7 @@ __all__ = ["VERBS", "OrchestratorService", "error_code"]
 log = logging.getLogger("plexus.orchestrator")
 
 SERVICE_VERSION = "0.1.0"
-VERBS = ("start", "spawn", "finished", "crashed", "cancel", "get")
+VERBS = ("start", "spawn", "finished", "crashed", "cancel", "get", "approve")
 
 _CODES: tuple[tuple[type[KernelError], str], ...] = (
     (InvalidRunRequest, "400"),
@@ -94,6 +95,7 @@ class OrchestratorService:
             "crashed": (CrashReport, self.engine.crashed),
             "cancel": (CancelRequest, self.engine.cancel),
             "get": (GetRunRequest, self.engine.get),
+            "approve": (ApproveRequest, self.engine.approve),
         }
         service = await add_service(
             self.nc,

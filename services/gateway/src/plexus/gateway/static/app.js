@@ -1,7 +1,7 @@
 // Plexus dashboard: plain JS, no build step. Live over the gateway's SSE endpoint (no polling).
 "use strict";
 
-const TERMINAL = new Set(["completed", "failed", "cancelled"]);
+const TERMINAL = new Set(["completed", "failed", "cancelled", "guardrail_tripped"]);
 const GROUP_MIN = 5; // siblings of one type fanned out by a parent collapse into a group from this many on
 const $ = (id) => document.getElementById(id);
 

@@ -1,0 +1,118 @@
+"""Runs that wait for decisions (``awaiting_approval``): recording the wait, and delivering each decision.
+
+A handler that ends with `Context.await_approval(ids)` reports its run as awaiting those ids instead of
+completed. The run keeps its spawn slot and its deadline but needs no host meanwhile (nothing runs). A
+decision (`Runtime.approve`) is checked here against what the run waits for and delivered to the run's agent
+as a message inside the run, so the agent's next answer ends (or again suspends) the same run. Decisions
+already sent are remembered (`RunRecord.decided`): an agent that reports the wait again before it has read
+them does not reopen them, and a second decision on the same id is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import msgspec
+
+from plexus.core import AgentStep, RunId, RunSuspended, content_block_to_dict
+from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers
+from plexus.runtime.orchestration import (
+    TERMINAL,
+    ApproveRequest,
+    FinishedReport,
+    RunRecord,
+    RunStateError,
+    RunStatus,
+    approval_blocks,
+)
+
+from . import _validate as v
+from ._endings import EngineCore
+from ._events import RunDecision
+
+__all__ = ["Approvals"]
+
+AWAITING = "awaiting_approval"
+
+
+class Approvals(EngineCore):
+    async def awaiting(self, record: RunRecord, rep: FinishedReport) -> RunRecord:
+        """The run's handler returned waiting for `rep.awaiting`: record the wait (the run stays open)."""
+        ids = [v.parse_text("finished", "awaiting", i) for i in rep.awaiting]
+        output = msgspec.Raw(v.parse_payload("finished", rep.output)) if rep.output is not None else None
+
+        def wait(rec: RunRecord) -> bool:
+            if rec.status in TERMINAL:
+                return False
+            pending = [i for i in ids if i not in rec.decided]
+            # Everything it reports is already decided and on its way to it: it runs again, not waits.
+            rec.status = RunStatus.AWAITING_APPROVAL if pending else RunStatus.RUNNING
+            rec.awaiting = pending
+            rec.output = output
+            rec.updated_at = time.time()
+            return True
+
+        changed = await self.store.update_run(record.run_id, wait)
+        if changed.written and changed.record.status == RunStatus.AWAITING_APPROVAL:
+            text = f"run {record.run_id} awaits approval of {', '.join(changed.record.awaiting)}"
+            entry = RunSuspended(run_id=RunId(record.run_id), agent_id=record.agent_id, reason=AWAITING)
+            await self._log(
+                changed.record, AWAITING, entry, AgentStep.PAUSED, text, awaiting=changed.record.awaiting
+            )
+        return changed.record
+
+    async def approve(self, req: ApproveRequest) -> RunRecord:
+        """Deliver one decision to the awaiting run's agent (RunStateError if it waits for no such id)."""
+        run_id = v.parse_run_id("approve", "run_id", req.run_id)
+        decision_id = v.parse_text("approve", "id", req.id)
+        reason = v.parse_text("approve", "reason", req.reason)
+        record, _ = await self.store.require_run(run_id)
+        if record.status != RunStatus.AWAITING_APPROVAL or decision_id not in record.awaiting:
+            raise RunStateError(run_id, str(record.status), f"decide {decision_id!r}")
+        agent = v.parse_agent("approve", "agent_id", record.agent_id)
+        root, _ = await self.store.require_run(record.root_id)
+        digest = hashlib.sha256(decision_id.encode()).hexdigest()[:24]
+        blocks = approval_blocks(decision_id, req.approved, reason)
+        env = Envelope(
+            # Fixed per decision: a repeated approve (answer lost) publishes one message (JetStream dedupe).
+            id=f"approve-{run_id}-{digest}",
+            kind="send",
+            target=record.agent_id,
+            payload=msgspec.Raw(msgspec.json.encode([content_block_to_dict(b) for b in blocks])),
+            run=RunInfo(
+                run_id=run_id,
+                root_id=record.root_id,
+                parent_id=record.parent_id,
+                depth=record.depth,
+                priority=record.priority,
+                session_id=record.session_id,
+                deadline=root.deadline,
+                budget=root.budget,
+                orchestrated=True,
+                retry=record.retry,
+            ),
+            sent_at=time.time(),
+            deadline=root.deadline,
+        )
+        # Delivered first, recorded second: a failure between them leaves the decision open to a retry,
+        # whose message the inbox stream drops as a duplicate.
+        subject = Subjects(namespace=agent.namespace, prefix=self.config.prefix).inbox(agent.type, agent.key)
+        await self.js.publish(subject, encode_envelope(env), headers=make_headers(env))
+
+        def decide(rec: RunRecord) -> bool:
+            if rec.status != RunStatus.AWAITING_APPROVAL or decision_id not in rec.awaiting:
+                return False
+            rec.awaiting = [i for i in rec.awaiting if i != decision_id]
+            rec.decided = [*rec.decided, decision_id]
+            rec.status = RunStatus.AWAITING_APPROVAL if rec.awaiting else RunStatus.RUNNING
+            rec.updated_at = time.time()
+            return True
+
+        changed = await self.store.update_run(run_id, decide)
+        if changed.written:
+            verdict = "approved" if req.approved else "denied"
+            text = f"{decision_id} {verdict} for run {run_id}" + (f": {reason}" if reason else "")
+            entry = RunDecision(run_id=RunId(run_id), agent_id=record.agent_id, decision=verdict)
+            await self._log(changed.record, verdict, entry, AgentStep.STARTED, text, decided=decision_id)
+        return changed.record
