@@ -15,6 +15,7 @@ from ._app import App
 from ._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
 from ._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
 from ._client import Runtime
+from ._cluster import ServiceUnavailableError
 from ._connection import Connection
 from ._context import Context
 from ._envelope import (
@@ -40,6 +41,7 @@ from ._interceptors import (
     TracingInterceptor,
     UsageInput,
 )
+from ._outage import is_unavailable
 from ._registry import AgentTypeInfo, Registry, WorkerInfo
 from ._server import NatsCluster, NatsServer, NatsServerError
 from ._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
@@ -81,6 +83,7 @@ __all__ = [
     "RunInfo",
     "Runtime",
     "SendInput",
+    "ServiceUnavailableError",
     "SpawnInput",
     "SubjectTooLongError",
     "Subjects",
@@ -102,6 +105,7 @@ __all__ = [
     "encode_envelope",
     "ensure_topology",
     "escape_token",
+    "is_unavailable",
     "make_headers",
     "new_root_run",
     "unescape_token",

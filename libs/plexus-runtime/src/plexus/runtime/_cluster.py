@@ -82,23 +82,29 @@ class OrchestratorClient:
             remaining = deadline - time.monotonic()
             try:
                 msg = await self.rt.nc.request(subject, data, timeout=max(min(wait, remaining), 0.05))
-                break
             except NoRespondersError:
                 if time.monotonic() >= deadline:
                     raise ServiceUnavailableError("orchestrator") from None
                 await asyncio.sleep(0.2)
+                continue
             except (NatsTimeoutError, TimeoutError):
                 if time.monotonic() >= deadline:
                     raise ServiceUnavailableError("orchestrator") from None
                 wait = min(wait * 2, self.timeout_s)
-        headers = msg.headers or {}
-        if "Nats-Service-Error-Code" in headers:
+                continue
+            headers = msg.headers or {}
+            if "Nats-Service-Error-Code" not in headers:
+                return msgspec.json.decode(msg.data, type=reply_type)
             try:
                 wire = json.loads(msg.data)
             except ValueError:
                 wire = {"error_type": "KernelError", "message": headers.get("Nats-Service-Error", "error")}
-            raise KernelError.from_wire(wire)
-        return msgspec.json.decode(msg.data, type=reply_type)
+            error = KernelError.from_wire(wire)
+            # A replica that could not reach its store (a leader election) answers ServiceUnavailableError:
+            # asked again like a replica that did not answer at all.
+            if not isinstance(error, ServiceUnavailableError) or time.monotonic() >= deadline:
+                raise error
+            await asyncio.sleep(0.2)
 
 
 class RunControl:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import nats.errors
 import nats.js.errors
 
+from ._cluster import ServiceUnavailableError
+
 #: Raised by nats-py only: a handler that raises one met an outage through its context's calls.
 _NATS_UNAVAILABLE = (
     nats.errors.TimeoutError,
@@ -16,6 +18,7 @@ _NATS_UNAVAILABLE = (
     nats.errors.OutboundBufferLimitError,
     nats.js.errors.NoStreamResponseError,
     nats.js.errors.ServiceUnavailableError,
+    ServiceUnavailableError,  # a Plexus service (the orchestrator) or its store did not answer
 )
 _UNAVAILABLE = (TimeoutError, *_NATS_UNAVAILABLE)  # ReplyTimeoutError is a TimeoutError too
 

@@ -594,6 +594,8 @@ class Worker:
             await exhausted.report()
             return Reply(id=env.id, ok=False, error=exhausted.error.to_wire(), handled_by=self.worker_id)
         except KernelError as exc:
+            if is_nats_outage(exc) and time.monotonic() < work.outage_until:
+                raise  # the orchestrator did not answer (e.g. for a spawn): run again, see below
             return Reply(id=env.id, ok=False, error=exc.to_wire(), handled_by=self.worker_id)
         except Exception as exc:
             if is_nats_outage(exc) and time.monotonic() < work.outage_until:

@@ -29,7 +29,7 @@ from plexus.core import (
     KernelError,
     SpawnDenied,
 )
-from plexus.runtime import escape_token
+from plexus.runtime import ServiceUnavailableError, escape_token, is_unavailable
 from plexus.runtime.orchestration import (
     ORCH_SERVICE_NAME,
     ApproveRequest,
@@ -137,6 +137,10 @@ class OrchestratorService:
                 await self._fail(verb, request, exc)
                 return
             except Exception as exc:
+                if is_unavailable(exc):  # our store did not answer (a leader election): the caller retries
+                    log.warning("orchestrator %s: the store is unavailable: %r", verb, exc)
+                    await self._fail(verb, request, ServiceUnavailableError("orchestrator store"))
+                    return
                 log.exception("orchestrator %s failed", verb)
                 await self._fail(
                     verb, request, HandlerError(str(exc), type(exc).__name__, f"{ORCH_SERVICE_NAME}/{verb}")
