@@ -91,3 +91,58 @@ async def test_gateway_command_serves_with_a_hashed_token(gw: Stack) -> None:
     finally:
         os.kill(proc.pid, signal.SIGTERM)
         assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+
+
+async def test_runs_start_and_approve_agents_and_sessions(gw: Stack) -> None:
+    nats = ("--nats", gw.nats_url)
+    code, out, err = await plexus(
+        "runs", "start", "echo/cli3", "hello", "--max-tokens", "100", "--json", *nats
+    )
+    assert code == 0, err
+    run_id = json.loads(out)["run_id"]
+    record = await gw.rt.wait_run(run_id, timeout=20)
+    assert record.status == "completed"
+    assert record.budget is not None
+    assert record.budget["max_tokens"] == 100
+
+    code, out, err = await plexus("runs", "start", "gatekeeper/cli", *nats)
+    assert code == 0, err
+    gated = out.strip()
+    await gw.rt.wait_run(gated, timeout=20, until=("awaiting_approval",))
+    code, _, err = await plexus("runs", "approve", gated, "door-9", *nats)
+    assert code == 1
+    assert "RunStateError" in err  # one line, no traceback
+    assert "Traceback" not in err
+    code, out, err = await plexus("runs", "approve", gated, "door-1", "--deny", *nats)
+    assert code == 0, err
+    assert "door-1 denied" in out
+    assert (await gw.rt.wait_run(gated, timeout=20)).status == "completed"
+
+    code, _, err = await plexus("runs", "start", "not-an-agent-id", *nats)
+    assert code == 2
+    assert "TYPE/KEY" in err
+    code, _, err = await plexus("runs", "start", "echo/x", "--max-tokens", "0", *nats)
+    assert code == 1
+    assert "max_tokens" in err
+
+    code, out, err = await plexus("agents", "--json", *nats)
+    assert code == 0, err
+    rows = {row["type"]: row for row in json.loads(out)}
+    assert rows["default/echo"]["capabilities"] == ["chat"]
+    assert rows["default/echo"]["durable"] is True
+    (partitions,) = rows["default/echo"]["workers"].values()  # one worker owns every partition
+    assert sorted(partitions) == list(range(gw.rt.partitions))
+    code, out, err = await plexus("agents", *nats)
+    assert code == 0, err
+    assert f"{gw.rt.partitions} partition(s) 0-{gw.rt.partitions - 1}" in out
+
+    session = (await gw.client.post("/v1/sessions", json={"agent_type": "echo", "title": "cli"})).json()
+    code, out, err = await plexus("sessions", "ls", "--json", *nats)
+    assert code == 0, err
+    assert [s["session_id"] for s in json.loads(out)] == [session["session_id"]]
+    code, out, err = await plexus("sessions", "show", session["session_id"], *nats)
+    assert code == 0, err
+    assert f"session {session['session_id']} with echo (0 items)" in out
+    code, _, err = await plexus("sessions", "show", "nope", *nats)
+    assert code == 1
+    assert "unknown session" in err

@@ -10,14 +10,18 @@ import signal
 import sys
 from typing import Any
 
+from pydantic import ValidationError
+
+from plexus.core import KernelError
 from plexus.runtime import Runtime
 
+from . import _cli_more as more
 from ._config import GatewayConfig, hash_token
 from ._runs import RunFilter, RunsView
 from ._server import Gateway
 from ._terminal import render_tree, watch_tree
 
-__all__ = ["register_gateway", "register_runs"]
+__all__ = ["register_agents", "register_gateway", "register_runs", "register_sessions"]
 
 
 def _nats_url(value: str) -> str:
@@ -147,20 +151,40 @@ def register_runs(sub: Any) -> None:
     cancel = verbs.add_parser("cancel", help="cancel a run tree")
     cancel.add_argument("run_id")
     cancel.add_argument("--reason", default="cancelled from the command line")
-    for verb in (ls, show, watch, cancel):
+    start = more.add_start(verbs)
+    approve = more.add_approve(verbs)
+    for verb in (ls, show, watch, cancel, start, approve):
         _nats_arg(verb)
         verb.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=_run_runs)
 
 
 def _run_runs(args: argparse.Namespace) -> int:
-    return asyncio.run(_runs(args))
+    return _guarded("runs", _runs(args))
+
+
+def _guarded(command: str, work: Any) -> int:
+    """Run `work`; a typed kernel error or invalid input is a one-line error (status 1), not a traceback."""
+    try:
+        return int(asyncio.run(work))
+    except (KernelError, ValidationError, ValueError) as exc:
+        name = getattr(exc, "error_type", type(exc).__name__)
+        print(f"plexus {command}: error: {name}: {exc}", file=sys.stderr)
+        return 1
 
 
 async def _runs(args: argparse.Namespace) -> int:
     rt = await Runtime.connect(_urls(args), name="plexus-runs")
     try:
         view = RunsView(rt)
+        if args.runs_command == "start":
+            run_id = await more.start(rt, args)
+            print(json.dumps({"run_id": run_id}) if args.json else run_id, flush=True)
+            if not args.watch:
+                return 0
+            return await watch_tree(rt, await view.record(run_id) or {"run_id": run_id}, as_json=args.json)
+        if args.runs_command == "approve":
+            return await more.approve(rt, args)
         if args.runs_command == "ls":
             flt = RunFilter(frozenset(args.status or []), args.agent_type, None, not args.all)
             page, _ = await view.page(flt, args.limit, None)
@@ -192,5 +216,33 @@ async def _runs(args: argparse.Namespace) -> int:
                 print(render_tree(runs, usage, record))
             return 0
         return await watch_tree(rt, record, as_json=args.json)
+    finally:
+        await rt.close()
+
+
+# -- plexus agents / plexus sessions ------------------------------------------------------------------------
+def register_agents(sub: Any) -> None:
+    parser = sub.add_parser("agents", help="agent types, capabilities, live workers and their partitions")
+    _nats_arg(parser)
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=lambda args: _guarded("agents", _with_runtime(args, more.agents, args.json)))
+
+
+def register_sessions(sub: Any) -> None:
+    parser = sub.add_parser("sessions", help="list sessions, or show one with its transcript")
+    verbs = parser.add_subparsers(dest="sessions_command", required=True)
+    ls = verbs.add_parser("ls", help="sessions, newest first")
+    show = verbs.add_parser("show", help="one session and its transcript")
+    show.add_argument("session_id")
+    for verb in (ls, show):
+        _nats_arg(verb)
+        verb.add_argument("--json", action="store_true", help="machine-readable output")
+    parser.set_defaults(handler=lambda args: _guarded("sessions", _with_runtime(args, more.sessions, args)))
+
+
+async def _with_runtime(args: argparse.Namespace, command: Any, *extra: Any) -> int:
+    rt = await Runtime.connect(_urls(args), name="plexus-cli")
+    try:
+        return int(await command(rt, *extra))
     finally:
         await rt.close()
