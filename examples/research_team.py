@@ -132,6 +132,9 @@ async def main(rt: Runtime) -> None:
         spawn_budget=SpawnBudget(max_agents=10),
     )
     print(f"run {run_id} ({mode}); progress of the tree and the planner's streamed text follow")
+    url = rt.nc.connected_url
+    if url is not None:
+        print(f"watch it in a terminal: plexus runs watch {run_id} --nats nats://{url.hostname}:{url.port}")
 
     async def watch() -> None:
         async for event in rt.progress(run_id):

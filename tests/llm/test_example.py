@@ -1,22 +1,33 @@
 """examples/research_team.py runs offline end to end (`plexus dev` with an embedded nats-server,
-orchestrator and worker) and reports a completed tree within its budget."""
+orchestrator, worker and gateway) and reports a completed tree within its budget: `make run ONCE=1`; and
+`make run` itself keeps serving the dashboard after the demo until it is stopped."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 REPO = Path(__file__).resolve().parents[2]
+DEV = [sys.executable, "-m", "plexus.runtime.cli", "dev", "examples.research_team:app"]
+DEV += ["--run", "examples.research_team:main"]
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
+    env["PYTHONPATH"] = str(REPO)
+    env["PLEXUS_GATEWAY_PORT"] = "0"  # a free port: tests may run beside a developer's `make run`
+    return env
 
 
 def test_research_team_runs_offline(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
-    env["PYTHONPATH"] = str(REPO)
-    cmd = [sys.executable, "-m", "plexus.runtime.cli", "dev", "examples.research_team:app"]
-    cmd += ["--run", "examples.research_team:main"]
-    out = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    out = subprocess.run([*DEV, "--once"], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=180)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
     assert any(line.startswith("run ") and "(offline (ScriptedModel))" in line for line in lines)
@@ -25,3 +36,37 @@ def test_research_team_runs_offline(tmp_path: Path) -> None:
     assert any("researcher/jetstream" in line for line in lines)
     assert any("writer/main" in line for line in lines)
     assert any("[planner streams]" in line for line in lines)
+    assert any(line.startswith("watch it in a terminal: plexus runs watch run_") for line in lines)
+
+
+def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        return subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=sink, stderr=subprocess.STDOUT)
+
+
+async def test_make_run_keeps_serving_the_dashboard_until_stopped(tmp_path: Path) -> None:
+    log = tmp_path / "dev.log"
+    proc = _start(DEV, log)
+    try:
+        async with asyncio.timeout(150):
+            while "plexus dev: serving on" not in log.read_text():
+                assert proc.poll() is None, log.read_text()[-3000:]
+                await asyncio.sleep(0.2)
+        text = log.read_text()
+        assert ": completed" in text  # the demo ran first
+        found = re.search(r"dashboard at (http://[0-9.:]+)/", text)
+        assert found is not None, text[-3000:]
+        async with httpx.AsyncClient(base_url=found.group(1), timeout=10) as client:
+            page = await client.get("/")
+            assert page.status_code == 200
+            assert "<html" in page.text.lower()
+            runs = (await client.get("/v1/runs", params={"roots_only": "true"})).json()["runs"]
+            assert [r["status"] for r in runs] == ["completed"]  # the demo's tree, served after it ended
+        assert proc.poll() is None  # still serving
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.to_thread(proc.wait, 60) == 0
+        assert "plexus dev: stopped" in log.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)

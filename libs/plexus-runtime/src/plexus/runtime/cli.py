@@ -116,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
     dev = sub.add_parser("dev", help="embedded nats-server + worker(s); optional script; Ctrl-C stops all")
     dev.add_argument("app", help="module:attribute of a plexus.runtime.App")
     dev.add_argument(
-        "--run", default=None, help="module:attribute of `async def main(rt: Runtime)` to run, then exit"
+        "--run",
+        default=None,
+        help="module:attribute of `async def main(rt: Runtime)` to run; then keeps serving (see --once)",
+    )
+    dev.add_argument(
+        "--once", action="store_true", help="with --run: stop everything when the script ends (CI, demos)"
     )
     dev.add_argument("--workers", type=_positive, default=1)
     dev.add_argument("--concurrency", type=_positive, default=64)
@@ -226,13 +231,21 @@ def _worker_process(app_spec: str, url: str, concurrency: int) -> subprocess.Pop
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
 
 
-def _installed_services() -> list[str]:
-    """Service subcommands from entry points (e.g. ``orchestrator``); `plexus dev` starts each one."""
-    return sorted(ep.name for ep in entry_points(group="plexus.commands"))
+def _installed_services(url: str) -> list[tuple[str, list[str]]]:
+    """The long-running services `plexus dev` starts, from the ``plexus.dev`` entry points: each names a
+    function ``(nats_url) -> argv`` for its ``plexus`` subcommand in local dev mode (e.g. the orchestrator;
+    the gateway with ``--dev``). One-shot commands (``runs``, ``agents``...) are not services."""
+    services = []
+    for ep in sorted(entry_points(group="plexus.dev"), key=lambda ep: ep.name):
+        try:
+            services.append((ep.name, [str(a) for a in ep.load()(url)]))
+        except Exception as exc:  # a broken plugin must not stop the others
+            print(f"plexus dev: skipping {ep.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return services
 
 
-def _service_process(name: str, url: str) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "plexus.runtime.cli", name, "--nats", url]
+def _service_process(argv: list[str]) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "plexus.runtime.cli", *argv]
     return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
 
 
@@ -247,10 +260,14 @@ async def _dev(args: argparse.Namespace) -> None:
     print(f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True)
     workers = [_worker_process(args.app, server.url, args.concurrency) for _ in range(args.workers)]
     print(f"plexus dev: {len(workers)} worker(s), pids {', '.join(str(w.pid) for w in workers)}", flush=True)
-    services = [_service_process(name, server.url) for name in _installed_services()]
-    for name, proc in zip(_installed_services(), services, strict=True):
+    for name, argv in _installed_services(server.url):
+        proc = _service_process(argv)
         print(f"plexus dev: {name} pid {proc.pid}", flush=True)
-    workers += services
+        workers.append(proc)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
     try:
         if script is not None:
             rt = await Runtime.connect(server.url, namespace=app.namespace)
@@ -258,12 +275,12 @@ async def _dev(args: argparse.Namespace) -> None:
                 await script(rt)
             finally:
                 await rt.close()
-        else:
-            stop = asyncio.Event()
-            loop = asyncio.get_running_loop()
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                loop.add_signal_handler(sig, stop.set)
-            print("plexus dev: running; Ctrl-C stops everything", flush=True)
+        if script is None or not args.once:
+            print(
+                f"plexus dev: serving on {server.url}; `plexus runs ls --nats {server.url}` lists the runs;"
+                " Ctrl-C stops everything",
+                flush=True,
+            )
             await stop.wait()
     finally:
         for proc in workers:

@@ -21,7 +21,7 @@ from ._runs import RunFilter, RunsView
 from ._server import Gateway
 from ._terminal import render_tree, watch_tree
 
-__all__ = ["register_agents", "register_gateway", "register_runs", "register_sessions"]
+__all__ = ["dev_command", "register_agents", "register_gateway", "register_runs", "register_sessions"]
 
 
 def _nats_url(value: str) -> str:
@@ -55,6 +55,13 @@ def _urls(args: argparse.Namespace) -> list[str]:
 
 
 # -- plexus gateway ---------------------------------------------------------------------------------------
+def dev_command(nats_url: str) -> list[str]:
+    """`plexus dev`'s argv for a local, open gateway (entry point group ``plexus.dev``); the port is
+    $PLEXUS_GATEWAY_PORT (default 8470; 0 picks a free one). It prints its dashboard URL itself."""
+    port = os.environ.get("PLEXUS_GATEWAY_PORT", "8470")
+    return ["gateway", "--dev", "--nats", nats_url, "--port", port]
+
+
 def register_gateway(sub: Any) -> None:
     parser = sub.add_parser("gateway", help="serve the HTTP + SSE API and the dashboard")
     _nats_arg(parser)

@@ -14,7 +14,7 @@ from typing import Any
 from ._orchestrator import Orchestrator, OrchestratorConfig
 from ._sweeper import SweeperConfig
 
-__all__ = ["register", "run"]
+__all__ = ["dev_command", "register", "run"]
 
 log = logging.getLogger("plexus.orchestrator")
 
@@ -33,6 +33,11 @@ def _positive_float(value: str) -> float:
     if not number > 0:
         raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
     return number
+
+
+def dev_command(nats_url: str) -> list[str]:
+    """`plexus dev`'s argv for one local orchestrator replica (entry point group ``plexus.dev``)."""
+    return ["orchestrator", "--nats", nats_url]
 
 
 def register(sub: Any) -> None:
