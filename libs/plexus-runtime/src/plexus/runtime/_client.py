@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import re
 import time
-from collections.abc import AsyncIterator, Collection, Sequence
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -27,22 +27,16 @@ from plexus.core import (
     DEFAULT_NAMESPACE,
     AgentId,
     AgentNotFoundError,
-    AgentProgress,
     BaseBlock,
-    ExecutionBudget,
     KernelError,
     MessageId,
-    Priority,
     ReplyTimeoutError,
-    RetryPolicy,
     RunId,
-    SpawnBudget,
-    StreamEvent,
     TopicId,
-    stream_event_from_json,
 )
 
 from ._artifacts import ArtifactStore, check_payload_size, headers_size
+from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._connection import Connection
 from ._envelope import (
@@ -62,17 +56,6 @@ from ._envelope import (
 )
 from ._eventlog import EventLog
 from ._interceptors import Interceptor, PublishInput, SendInput, TracingInterceptor, chain
-from ._orchestration import (
-    TERMINAL,
-    ApproveRequest,
-    CancelRequest,
-    GetRunRequest,
-    RunRecord,
-    RunStatus,
-    StartRunReply,
-    StartRunRequest,
-    run_key,
-)
 from ._outage import is_unavailable
 from ._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
 from ._server import NatsServer
@@ -84,7 +67,7 @@ from ._topology import Topology, ensure_topology
 __all__ = ["Runtime"]
 
 
-class Runtime:
+class Runtime(RunsClient):
     """A connection to a Plexus cluster. Use `await Runtime.connect(url)` or `await Runtime.embedded()`."""
 
     def __init__(
@@ -487,128 +470,6 @@ class Runtime:
 
     async def remove_subscription(self, subscription_id: str) -> None:
         await self.subscriptions.remove(subscription_id)
-
-    # -- observation ----------------------------------------------------------------------------------
-    async def progress(self, run_id: str) -> AsyncIterator[AgentProgress]:
-        """Every progress event of the run tree rooted at `run_id`: replayed from its start, then live."""
-        subject = self.subjects.progress_tree(run_id)
-        sub = await self.js.subscribe(
-            subject,
-            ordered_consumer=True,
-            deliver_policy=js_api.DeliverPolicy.ALL,
-            stream=self.topology.names.progress_stream,
-        )
-        try:
-            async for msg in sub.messages:
-                yield AgentProgress.model_validate_json(msg.data)
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
-    async def stream(self, agent_id: AgentId) -> AsyncIterator[StreamEvent]:
-        """Live token deltas of one agent (core NATS: no replay)."""
-        sub = await self.nc.subscribe(
-            self.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key)
-        )
-        try:
-            async for msg in sub.messages:
-                yield stream_event_from_json(msg.data)
-        finally:
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
-    # -- orchestrated runs ---------------------------------------------------------------------------
-    async def start_run(
-        self,
-        agent_id: AgentId,
-        blocks: Sequence[BaseBlock],
-        *,
-        budget: ExecutionBudget | None = None,
-        spawn_budget: SpawnBudget | None = None,
-        retry: RetryPolicy | None = None,
-        priority: int = int(Priority.NORMAL),
-        session_id: str | None = None,
-        run_id: str | None = None,
-    ) -> str:
-        """Start a run tree rooted at `agent_id` under the orchestrator; returns the run id.
-
-        Budgets, spawn slots, retries, cancellation and the deadline are enforced cluster-wide from then on.
-        Passing the same `run_id` again is idempotent (the first run is returned).
-        """
-        request = StartRunRequest(
-            agent_id=str(agent_id),
-            payload=payload_from_blocks(await self.artifacts.offload(list(blocks))),
-            budget=budget.model_dump(mode="json") if budget else None,
-            spawn_budget=(spawn_budget or SpawnBudget()).model_dump(mode="json"),
-            retry=retry.model_dump(mode="json") if retry else None,
-            priority=priority,
-            session_id=session_id,
-            run_id=run_id or str(RunId.new()),  # chosen here so a retried start is idempotent
-        )
-        reply = await self.orchestrator.call("start", request, StartRunReply, namespace=agent_id.namespace)
-        return reply.run_id
-
-    async def get_run(self, run_id: str) -> RunRecord:
-        """The persisted state of one run (root or child): status, reason, tree links, usage, attempts."""
-        return await self.orchestrator.call("get", GetRunRequest(run_id=run_id), RunRecord)
-
-    async def approve(
-        self, run_id: str, decision_id: str, *, approved: bool = True, reason: str = ""
-    ) -> RunRecord:
-        """Decide one thing an ``awaiting_approval`` run waits for (a tool call id), from any process.
-
-        The orchestrator checks that the run waits for `decision_id` and delivers the decision to its
-        agent inside the run, on whichever worker owns the agent then; the run is ``running`` again
-        (returned) and ends as its agent answers (`wait_run` / `run_result`). RunStateError when it
-        waits for no such thing."""
-        request = ApproveRequest(run_id=run_id, id=decision_id, approved=approved, reason=reason)
-        return await self.orchestrator.call("approve", request, RunRecord)
-
-    async def deny(self, run_id: str, decision_id: str, reason: str = "") -> RunRecord:
-        """`approve` with ``approved=False``: the agent sees the refusal (an error result for the call)."""
-        return await self.approve(run_id, decision_id, approved=False, reason=reason)
-
-    async def cancel_run(self, run_id: str, reason: str = "cancelled") -> RunRecord:
-        """Cancel the run tree; every agent of it on every worker sees CancellationError(reason)."""
-        return await self.orchestrator.call("cancel", CancelRequest(run_id=run_id, reason=reason), RunRecord)
-
-    async def wait_run(
-        self, run_id: str, *, timeout: float = 60.0, until: Collection[str] = TERMINAL
-    ) -> RunRecord:
-        """Wait (event-driven, on the run's KV key) until the run's status is in `until` (default: ended)."""
-        key = run_key(escape_token(run_id))
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    try:
-                        watcher = await self.topology.runs.watch(key)
-                    except Exception as exc:
-                        if not is_unavailable(exc):
-                            raise
-                        await asyncio.sleep(0.2)  # a leader election: the bucket answers again shortly
-                        continue
-                    try:
-                        while True:
-                            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
-                            if entry is None or not entry.value:
-                                continue
-                            record = msgspec.json.decode(entry.value, type=RunRecord)
-                            if record.status in until:
-                                return record
-                    finally:
-                        with contextlib.suppress(Exception):
-                            await watcher.stop()  # type: ignore[no-untyped-call]
-        except TimeoutError:
-            raise ReplyTimeoutError(f"run/{run_id}", run_id, timeout) from None
-
-    async def run_result(self, run_id: str, *, timeout: float = 60.0) -> list[BaseBlock]:
-        """The root's reply when the run completed; otherwise raise the run's typed error."""
-        record = await self.wait_run(run_id, timeout=timeout)
-        if record.status == RunStatus.COMPLETED:
-            return blocks_from_payload(record.output) if record.output is not None else []
-        raise KernelError.from_wire(
-            record.error or {"error_type": "KernelError", "message": record.reason or ""}
-        )
 
     def event_log(self, agent_id: AgentId) -> EventLog[Any]:
         subjects = self.subjects_for(agent_id.namespace)

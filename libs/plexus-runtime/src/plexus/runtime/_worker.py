@@ -29,7 +29,6 @@ from plexus.core import (
 )
 
 from ._activation import Activation, ActivationTable
-from ._agent import AgentType
 from ._app import App
 from ._artifacts import PayloadTooLargeError
 from ._backend import WorkerBackend
@@ -38,7 +37,7 @@ from ._client import Runtime
 from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from ._commit import Committer
 from ._context import Context
-from ._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor, _cancel_hard
+from ._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor
 from ._envelope import (
     HDR_TOPIC_TO,
     RESEND,
@@ -62,9 +61,10 @@ from ._orchestration import (
 )
 from ._outage import is_nats_outage, is_unavailable
 from ._partitions import PartitionOwner
-from ._registry import AgentTypeInfo, WorkerInfo
+from ._registry import AgentTypeInfo
 from ._runend import RunEndReporter
-from ._subjects import checkpoint_key, escape_token, inbox_partition
+from ._subjects import checkpoint_key, escape_token
+from ._upkeep import Upkeep
 from ._work import (
     ACK,
     LEAVE,
@@ -92,7 +92,7 @@ class _LeaseLost(Exception):
     """The partition's lease was lost while the message ran: its new owner handles it, we commit nothing."""
 
 
-class Worker:
+class Worker(Upkeep):
     """Serves `app` on an existing runtime connection. `start()`, then `stop()` (graceful) or `kill`."""
 
     def __init__(self, app: App, runtime: Runtime, config: WorkerConfig | None = None) -> None:
@@ -221,98 +221,6 @@ class Worker:
         self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
 
-    def _live_worker_ids(self, agent_type: AgentType) -> Any:
-        ns_type = f"{agent_type.namespace}/{agent_type.name}"
-
-        async def live() -> list[str]:
-            return [w.worker_id for w in await self.rt.registry.live_workers(ns_type)]
-
-        return live
-
-    async def _heartbeat(self) -> None:
-        await self.rt.registry.heartbeat(
-            WorkerInfo(
-                worker_id=self.worker_id,
-                host=socket.gethostname(),
-                pid=os.getpid(),
-                started_at=self.started_at,
-                heartbeat_at=time.time(),
-                types=[f"{t.namespace}/{t.name}" for t in self.app.types.values()],
-                concurrency=self.config.concurrency,
-            )
-        )
-
-    async def _maintain(self) -> None:
-        """Heartbeats, rebalancing and passivation, on one timer; leases are renewed on a timer of their own
-        (`_keep_leases`): a slow round here (consumer creation in an election) never lets them lapse."""
-        # Runs on through a graceful stop (which ends it at the end): see `_keep_leases`.
-        # It stops on a flag, not only on cancel: nats-py can swallow a CancelledError inside a publish.
-        me = asyncio.current_task()
-        while not self._closed and not (me is not None and me.cancelling()):
-            await asyncio.sleep(self._period)
-            for step in (self._heartbeat, *(o.rebalance for o in self._owners.values()), self._passivate):
-                try:
-                    await step()
-                except Exception:  # one failed step (a NATS timeout) must not skip the others
-                    log.exception("worker maintenance step %s failed", getattr(step, "__qualname__", step))
-
-    async def _keep_leases(self) -> None:
-        """Renew every held partition lease every period. Runs on through a graceful stop: the leases of
-        partitions whose in-flight work is still draining must stay renewed, or another worker would run
-        that work again."""
-        me = asyncio.current_task()
-        while not self._closed and not (me is not None and me.cancelling()):
-            await asyncio.sleep(self._period)
-            results = await asyncio.gather(
-                *(o.renew_held() for o in self._owners.values()), return_exceptions=True
-            )
-            for result in results:
-                if isinstance(result, Exception):
-                    log.error("lease renewal failed", exc_info=result)
-
-    @property
-    def _period(self) -> float:
-        return min(self.config.heartbeat_s, self.config.lease_ttl_s / 3)
-
-    def _forget_partition(self, agent_type: str, partition: int) -> None:
-        for activation in self._activations.of_type(agent_type):
-            if inbox_partition(activation.agent_id.key, self.rt.partitions) == partition:
-                self._activations.drop(activation.agent_id)
-
-    def _partition_taken(self, agent_type: str) -> Callable[[int], None]:
-        return lambda partition: self._forget_partition(agent_type, partition)
-
-    def _partition_lost(self, agent_type: str) -> Callable[[int], None]:
-        def lost(partition: int) -> None:
-            # Another worker owns it now: queued work of it is skipped (not acked; the owner's fresh consumer
-            # has it) and cached activations are dropped, so no second activation lives on here.
-            log.warning(
-                "partition %s/%d lost; dropping its activations and queued work", agent_type, partition
-            )
-            self._forget_partition(agent_type, partition)
-            for work in list(self._unacked):
-                if work.agent_type.name == agent_type and work.partition == partition:
-                    work.lease_lost = True  # queued: never started; running: stopped, not committed
-                    if work.task is not None:
-                        stopper = asyncio.ensure_future(_cancel_hard(work.task))
-                        self._stoppers.add(stopper)
-                        stopper.add_done_callback(self._stoppers.discard)
-
-        return lost
-
-    async def _keep_alive(self) -> None:
-        """Every ack_wait/3, tell JetStream that every fetched, unacked message (queued in a mailbox or
-        running) is still being worked on, so a long handler or a long queue is never redelivered while this
-        worker lives. One sweeper for all messages: no task per message on the hot path."""
-        interval = max(self.config.ack_wait_s / 3.0, 0.05)
-        me = asyncio.current_task()
-        # `cancelling()` too: a cancel swallowed inside `in_progress()` (a publish) must still end the loop.
-        while not self._closed and not (me is not None and me.cancelling()):
-            await asyncio.sleep(interval)
-            for work in list(self._unacked):
-                with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
-                    await work.msg.in_progress()
-
     async def _on_cancel(self, msg: Msg) -> None:
         try:  # any exception: deep nesting, bad UTF-8 and unbuildable errors are bad input, not crashes
             notice = msgspec.json.decode(msg.data, type=CancelNotice)
@@ -327,17 +235,6 @@ class Worker:
             self.control.on_pause(msgspec.json.decode(msg.data, type=PauseNotice))
         except Exception as exc:
             log.warning("ignoring a malformed pause notice on %s: %s", msg.subject, type(exc).__name__)
-
-    async def _passivate(self) -> None:
-        busy = self._mailboxes.busy_keys
-        victims = self._activations.idle(self.config.idle_passivate_s, busy)
-        excess = len(self._activations) - self.config.max_activations
-        if excess > 0:
-            victims += self._activations.oldest(excess, busy)
-        for activation in victims:
-            with contextlib.suppress(Exception):
-                await activation.agent.on_passivate()
-            self._activations.drop(activation.agent_id)
 
     async def stop(self, drain_timeout: float = 30.0) -> None:
         """Graceful: stop pulling, finish in-flight work, release partitions, deregister."""

@@ -1,0 +1,150 @@
+"""The worker's upkeep: its timers (heartbeats, lease renewal, rebalancing, passivation, the in-progress
+sweeper that keeps fetched messages from being redelivered while this worker lives) and what it does when
+a partition is taken or lost."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import time
+from collections.abc import Callable
+from typing import Any
+
+from plexus.core import AgentId
+
+from ._activation import ActivationTable
+from ._agent import AgentType
+from ._app import App
+from ._client import Runtime
+from ._control import _cancel_hard
+from ._mailbox import Mailboxes
+from ._partitions import PartitionOwner
+from ._registry import WorkerInfo
+from ._subjects import inbox_partition
+from ._work import WorkerConfig, _Work
+
+__all__ = ["Upkeep"]
+
+log = logging.getLogger("plexus.worker")
+
+
+class Upkeep:
+    """Mixed into `Worker`, which owns the state declared here."""
+
+    rt: Runtime
+    app: App
+    config: WorkerConfig
+    worker_id: str
+    started_at: float
+    _closed: bool
+    _owners: dict[str, PartitionOwner]
+    _unacked: set[_Work]
+    _activations: ActivationTable
+    _mailboxes: Mailboxes[AgentId, _Work]
+    _stoppers: set[asyncio.Future[None]]
+
+    async def _heartbeat(self) -> None:
+        await self.rt.registry.heartbeat(
+            WorkerInfo(
+                worker_id=self.worker_id,
+                host=socket.gethostname(),
+                pid=os.getpid(),
+                started_at=self.started_at,
+                heartbeat_at=time.time(),
+                types=[f"{t.namespace}/{t.name}" for t in self.app.types.values()],
+                concurrency=self.config.concurrency,
+            )
+        )
+
+    async def _maintain(self) -> None:
+        """Heartbeats, rebalancing and passivation, on one timer; leases are renewed on a timer of their own
+        (`_keep_leases`): a slow round here (consumer creation in an election) never lets them lapse."""
+        # Runs on through a graceful stop (which ends it at the end): see `_keep_leases`.
+        # It stops on a flag, not only on cancel: nats-py can swallow a CancelledError inside a publish.
+        me = asyncio.current_task()
+        while not self._closed and not (me is not None and me.cancelling()):
+            await asyncio.sleep(self._period)
+            for step in (self._heartbeat, *(o.rebalance for o in self._owners.values()), self._passivate):
+                try:
+                    await step()
+                except Exception:  # one failed step (a NATS timeout) must not skip the others
+                    log.exception("worker maintenance step %s failed", getattr(step, "__qualname__", step))
+
+    async def _keep_leases(self) -> None:
+        """Renew every held partition lease every period. Runs on through a graceful stop: the leases of
+        partitions whose in-flight work is still draining must stay renewed, or another worker would run
+        that work again."""
+        me = asyncio.current_task()
+        while not self._closed and not (me is not None and me.cancelling()):
+            await asyncio.sleep(self._period)
+            results = await asyncio.gather(
+                *(o.renew_held() for o in self._owners.values()), return_exceptions=True
+            )
+            for result in results:
+                if isinstance(result, Exception):
+                    log.error("lease renewal failed", exc_info=result)
+
+    @property
+    def _period(self) -> float:
+        return min(self.config.heartbeat_s, self.config.lease_ttl_s / 3)
+
+    async def _keep_alive(self) -> None:
+        """Every ack_wait/3, tell JetStream that every fetched, unacked message (queued in a mailbox or
+        running) is still being worked on, so a long handler or a long queue is never redelivered while this
+        worker lives. One sweeper for all messages: no task per message on the hot path."""
+        interval = max(self.config.ack_wait_s / 3.0, 0.05)
+        me = asyncio.current_task()
+        # `cancelling()` too: a cancel swallowed inside `in_progress()` (a publish) must still end the loop.
+        while not self._closed and not (me is not None and me.cancelling()):
+            await asyncio.sleep(interval)
+            for work in list(self._unacked):
+                with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
+                    await work.msg.in_progress()
+
+    async def _passivate(self) -> None:
+        busy = self._mailboxes.busy_keys
+        victims = self._activations.idle(self.config.idle_passivate_s, busy)
+        excess = len(self._activations) - self.config.max_activations
+        if excess > 0:
+            victims += self._activations.oldest(excess, busy)
+        for activation in victims:
+            with contextlib.suppress(Exception):
+                await activation.agent.on_passivate()
+            self._activations.drop(activation.agent_id)
+
+    def _live_worker_ids(self, agent_type: AgentType) -> Any:
+        ns_type = f"{agent_type.namespace}/{agent_type.name}"
+
+        async def live() -> list[str]:
+            return [w.worker_id for w in await self.rt.registry.live_workers(ns_type)]
+
+        return live
+
+    def _forget_partition(self, agent_type: str, partition: int) -> None:
+        for activation in self._activations.of_type(agent_type):
+            if inbox_partition(activation.agent_id.key, self.rt.partitions) == partition:
+                self._activations.drop(activation.agent_id)
+
+    def _partition_taken(self, agent_type: str) -> Callable[[int], None]:
+        return lambda partition: self._forget_partition(agent_type, partition)
+
+    def _partition_lost(self, agent_type: str) -> Callable[[int], None]:
+        def lost(partition: int) -> None:
+            # Another worker owns it now: queued work of it is skipped (not acked; the owner's fresh consumer
+            # has it) and cached activations are dropped, so no second activation lives on here.
+            log.warning(
+                "partition %s/%d lost; dropping its activations and queued work", agent_type, partition
+            )
+            self._forget_partition(agent_type, partition)
+            for work in list(self._unacked):
+                if work.agent_type.name == agent_type and work.partition == partition:
+                    work.lease_lost = True  # queued: never started; running: stopped, not committed
+                    if work.task is not None:
+                        stopper = asyncio.ensure_future(_cancel_hard(work.task))
+                        self._stoppers.add(stopper)
+                        stopper.add_done_callback(self._stoppers.discard)
+
+        return lost
