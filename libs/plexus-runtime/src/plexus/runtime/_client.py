@@ -237,11 +237,20 @@ class Runtime(RunsClient):
         info = self._registry_cache.get_type(agent_id.namespace, agent_id.type)
         if info is not None and self._registry_cache.has_live_host(agent_id.namespace, agent_id.type):
             return info
-        remaining = max(deadline - time.monotonic(), 0.0)
-        if await self.registry.wait_for_host(agent_id.namespace, agent_id.type, remaining):
-            found = await self.registry.get_type(agent_id.namespace, agent_id.type)
-            if found is not None:
-                return found
+        # Wait on the shared, watch-fed cache: a private watch per waiting send made one consumer per call,
+        # and under a burst of sends during an outage ran the stream out of consumers.
+        remaining = max(deadline - time.monotonic() - _DIRECT_CHECK_S, 0.0)
+        if await self._registry_cache.wait_for_host(agent_id.namespace, agent_id.type, remaining):
+            info = self._registry_cache.get_type(agent_id.namespace, agent_id.type)
+            if info is not None:
+                return info
+        # Last, ask the bucket itself: the cache may lag behind a watch that is being re-established.
+        with contextlib.suppress(KernelError, TimeoutError, NatsTimeoutError):
+            ref = f"{agent_id.namespace}/{agent_id.type}"
+            if await self.registry.live_workers(ref):
+                found = await self.registry.get_type(agent_id.namespace, agent_id.type)
+                if found is not None:
+                    return found
         raise AgentNotFoundError(agent_id)
 
     # -- send / publish -------------------------------------------------------------------------------
@@ -479,6 +488,9 @@ class Runtime(RunsClient):
             subject=subjects.evlog(agent_id.type, agent_id.key),
         )
 
+
+#: Time kept at the end of a host lookup for one direct read of the registry.
+_DIRECT_CHECK_S = 1.0
 
 #: A message id as `MessageId.new` mints it (the ULID alphabet of python-ulid's output).
 _MINTED_MESSAGE_ID = re.compile(r"msg_([0-7][0-9A-HJKMNP-TV-Z]{25})\Z")
