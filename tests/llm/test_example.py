@@ -67,6 +67,10 @@ async def test_make_run_keeps_serving_the_dashboard_until_stopped(tmp_path: Path
         assert await asyncio.to_thread(proc.wait, 60) == 0
         assert "plexus dev: stopped" in log.read_text()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(10)
+        if proc.poll() is None:  # stopped the way a user does, so it stops its own children too
+            proc.send_signal(signal.SIGINT)
+            try:
+                await asyncio.to_thread(proc.wait, 60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)

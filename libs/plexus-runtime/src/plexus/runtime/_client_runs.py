@@ -154,7 +154,7 @@ class RunsClient:
             async with asyncio.timeout(timeout):
                 while True:
                     try:
-                        watcher = await self.topology.runs.watch(key)
+                        watcher = await self.topology.runs.watch(key, inactive_threshold=30.0)
                     except Exception as exc:
                         if not is_unavailable(exc):
                             raise

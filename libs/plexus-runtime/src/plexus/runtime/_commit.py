@@ -7,6 +7,7 @@ revision, so a zombie worker's commit fails instead of overwriting the owner's (
 
 from __future__ import annotations
 
+import datetime
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -56,6 +57,22 @@ class Committer:
                 )
         activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
         await self.activations.save(activation)
+
+    async def committed(self, agent_id: AgentId, message_id: str, published: datetime.datetime) -> bool:
+        """Whether `message_id` (stored in the inbox at `published`) is in `agent_id`'s EventLog, i.e. was
+        committed. For redeliveries the checkpoint no longer remembers: a commit whose ack was lost (a
+        node died) is redelivered after ack_wait, when newer messages of the key may have pushed its id
+        out of `HANDLED_MEMORY`; running it again would apply it twice and out of order."""
+        # A second of slack: the inbox and the EventLog may be led by different servers' clocks.
+        since = published - datetime.timedelta(seconds=1)
+        try:
+            records = await self.rt.event_log(agent_id).read_since(since)
+        except ValueError as exc:
+            log.warning("cannot read the EventLog of %s since %s: %s", agent_id, since, exc)
+            return False
+        return any(
+            isinstance(r.entry, RunMessageReceived) and r.entry.message_id == message_id for r in records
+        )
 
     async def logged_since(self, agent_id: AgentId, seq: int) -> set[str]:
         """Ids of the messages received in `agent_id`'s EventLog after `seq`."""

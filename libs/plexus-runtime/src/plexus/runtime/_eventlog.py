@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import datetime
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -204,6 +205,37 @@ class EventLog(Generic[T]):
                 records.extend(self._records(seq, msg.data))
                 # num_pending == 0: nothing further is stored (e.g. the last batch was deleted meanwhile).
                 if seq >= stop or meta.num_pending == 0:
+                    break
+        finally:
+            await _unsubscribe(sub)
+        return records
+
+    async def read_since(self, when: datetime.datetime) -> list[LogRecord[T]]:
+        """Records of the batches stored at or after `when` (up to the last one at call time): a short read
+        when `when` is recent, however long the log is."""
+        last = await self.last_seq()
+        if last == 0:
+            return []
+        sub = await self._js.subscribe(
+            self.subject,
+            stream=self.stream,
+            ordered_consumer=True,
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            config=ConsumerConfig(opt_start_time=when, inactive_threshold=5.0),
+        )
+        records: list[LogRecord[T]] = []
+        try:
+            while True:
+                try:
+                    msg = await sub.next_msg(timeout=self._timeout)
+                except nats.errors.TimeoutError:
+                    break  # nothing stored since `when`
+                meta = msg.metadata
+                seq = meta.sequence.stream
+                if seq > last:
+                    break
+                records.extend(self._records(seq, msg.data))
+                if seq >= last or meta.num_pending == 0:
                     break
         finally:
             await _unsubscribe(sub)

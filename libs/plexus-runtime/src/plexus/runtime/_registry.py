@@ -171,6 +171,12 @@ def _is_delete(entry: KeyValue.Entry) -> bool:
     return entry.operation in (KV_DEL, KV_PURGE) or not entry.value
 
 
+#: How long the server keeps a one-shot scan's consumer after the scan stopped reading.
+SNAPSHOT_CONSUMER_TTL_S = 5.0
+#: The same for a long-lived watch (a stopped one must not linger for nats-py's default 5 minutes).
+WATCH_CONSUMER_TTL_S = 30.0
+
+
 async def kv_snapshot(kv: KeyValue, keys: str = ">", timeout_s: float = _SCAN_TIMEOUT_S) -> dict[str, bytes]:
     """The current value of every live key matching `keys`, read in one watch pass (not one get per key).
 
@@ -178,7 +184,9 @@ async def kv_snapshot(kv: KeyValue, keys: str = ">", timeout_s: float = _SCAN_TI
     (history 1: its old revision is gone) is still in flight, so the result is cross-checked against the
     stream's subject list and any key missing from the pass is read directly.
     """
-    watcher = await kv.watch(keys, ignore_deletes=True)
+    # Gone 5 s after the scan (nats-py's default keeps a stopped watch's consumer for 5 minutes: periodic
+    # snapshots then piled up hundreds of consumers and hit the server's limit; found by `make chaos`).
+    watcher = await kv.watch(keys, ignore_deletes=True, inactive_threshold=SNAPSHOT_CONSUMER_TTL_S)
     out: dict[str, bytes] = {}
     try:
         while True:
@@ -283,7 +291,7 @@ class KVMirror(Generic[T]):
         self._items.clear()
         self._revisions.clear()
         self._ready = asyncio.Event()
-        self._watcher = await self._kv.watch(self._keys)
+        self._watcher = await self._kv.watch(self._keys, inactive_threshold=WATCH_CONSUMER_TTL_S)
         self._task = asyncio.create_task(self._run(self._watcher), name=f"kv-mirror:{self._keys}")
         try:
             await asyncio.wait_for(self._ready.wait(), timeout_s)

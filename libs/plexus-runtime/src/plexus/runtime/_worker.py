@@ -424,6 +424,13 @@ class Worker(Upkeep):
                     work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
                 )
             return ACK
+        if not seen and work.durable and work.msg.metadata.num_delivered > 1:
+            published = work.msg.metadata.timestamp
+            if published is not None and await self._committer.committed(agent_id, env.id, published):
+                log.warning(
+                    "%s: %s was committed already (its ack was lost); not run again", agent_id, env.id
+                )
+                seen = True
         if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
             reported = True
             if stored_reply is not None:

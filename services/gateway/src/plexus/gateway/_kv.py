@@ -12,7 +12,8 @@ __all__ = ["keys_matching"]
 
 async def keys_matching(kv: KeyValue, pattern: str) -> list[str]:
     """The live keys matching ``pattern`` (a NATS subject pattern such as ``run.>``)."""
-    watcher = await kv.watch(pattern, ignore_deletes=True, meta_only=True)
+    # A one-shot scan: its consumer goes 5 s after (nats-py's default would keep it 5 minutes).
+    watcher = await kv.watch(pattern, ignore_deletes=True, meta_only=True, inactive_threshold=5.0)
     keys: list[str] = []
     try:
         async for entry in watcher:

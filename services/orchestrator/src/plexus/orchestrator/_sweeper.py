@@ -54,7 +54,7 @@ class RunIndex:
         # Two watches, not ">": the bucket also holds root inputs, which the index never needs.
         snapshots: list[asyncio.Event] = []
         for pattern in ("run.>", "tree.>"):
-            watcher = await self.kv.watch(pattern)
+            watcher = await self.kv.watch(pattern, inactive_threshold=30.0)
             done = asyncio.Event()
             self._watchers.append(watcher)
             snapshots.append(done)

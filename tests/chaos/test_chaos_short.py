@@ -1,0 +1,26 @@
+"""The short version of `make chaos` inside `make test` (issue 13): one run with every fault kind once —
+the inbox stream's leader node, a worker and an orchestrator killed and restarted, a worker frozen past its
+lease — under load on a 3-node R3 cluster; every invariant must hold."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from .harness import chaos
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.timeout(400)
+async def test_a_short_chaos_run_breaks_no_invariant(tmp_path: Path) -> None:
+    schedule = ["kill_nats_leader", "kill_worker", "stall_worker", "kill_orchestrator"]
+    report = await chaos(20261124, 50.0, tmp_path, keys=8, fault_every_s=6.0, schedule=schedule)
+    print(report.summary())
+    assert report.details == []
+    assert report.ok, report.violations
+    assert [f["kind"] for f in report.faults] == schedule  # every fault was done, not skipped
+    assert report.messages_answered > 1000
+    assert report.unanswered == 0
+    assert report.runs_started > 0
