@@ -8,10 +8,11 @@ from collections.abc import AsyncIterator
 from importlib import resources
 
 from fastapi import FastAPI
-from fastapi.responses import FileResponse, HTMLResponse
+from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from plexus.runtime import Runtime
+from plexus.runtime.orchestration import ORCH_SERVICE_NAME
 
 from . import _api_runs, _api_sessions
 from ._config import GatewayConfig
@@ -60,7 +61,30 @@ def create_app(runtime: Runtime, config: GatewayConfig | None = None) -> FastAPI
         return FileResponse(str(STATIC / "index.html"), media_type="text/html")
 
     @app.get("/healthz", include_in_schema=False)
-    async def healthz() -> dict[str, bool]:
-        return {"ok": runtime.nc.is_connected}
+    async def healthz() -> JSONResponse:
+        """Liveness: 503 only once the NATS connection is closed for good (restart the process); a
+        reconnect in progress is not a reason to restart."""
+        alive = not runtime.nc.is_closed
+        return JSONResponse(
+            {"ok": alive, "connected": runtime.nc.is_connected}, status_code=200 if alive else 503
+        )
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        """Readiness: 200 when NATS is connected and JetStream answers within a second (sessions, runs and
+        the event streams need it); the orchestrator's presence is reported, not required."""
+        checks = {"nats": runtime.nc.is_connected, "jetstream": False, "orchestrator": False}
+        if checks["nats"]:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(runtime.js.account_info(), 1.0)
+                checks["jetstream"] = True
+            with contextlib.suppress(Exception):
+                checks["orchestrator"] = bool(
+                    await asyncio.wait_for(
+                        runtime.nc.request(f"$SRV.PING.{ORCH_SERVICE_NAME}", b"", timeout=1.0), 1.5
+                    )
+                )
+        ready = checks["nats"] and checks["jetstream"]
+        return JSONResponse({"ready": ready, **checks}, status_code=200 if ready else 503)
 
     return app
