@@ -206,6 +206,10 @@ async def test_a_request_lost_with_a_frozen_replica_is_retried_well_before_the_o
 
             started = asyncio.Event()
             spy = await rt.nc.subscribe(orch_subject("px", "default", "get"), cb=seen)
+            # The server picks a queue member at random for each attempt, so every attempt may go to the
+            # frozen replica with probability 1/2: a 30 s budget (not the default 15 s) keeps a
+            # loaded machine's slow replica start from failing the test on a coin toss.
+            rt.orchestrator.timeout_s = 10.0
             getting = asyncio.create_task(rt.get_run(run_id))
             await started.wait()  # the first attempt went to the frozen replica, the only one there
             live = await Orchestrator.connect(server.url)

@@ -15,9 +15,13 @@ key token modulo P; `_subjects.inbox_partition` computes the same number client-
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from functools import partial
+from typing import Any, TypeVar
 
 from nats.js import JetStreamContext
 from nats.js.api import (
@@ -35,6 +39,7 @@ from nats.js.object_store import ObjectStore
 
 from plexus.core import KernelError
 
+from ._outage import is_unavailable
 from ._subjects import inbox_transform as _subject_transform
 
 __all__ = [
@@ -103,6 +108,11 @@ def inbox_transform(prefix: str, partitions: int) -> SubjectTransform:
     """The inbox transform as nats-py config (the strings are defined once, in `_subjects`)."""
     src, dest = _subject_transform(partitions, prefix)
     return SubjectTransform(src=src, dest=dest)
+
+
+#: How long `ensure_topology` waits for JetStream to answer: a cluster that just started (or lost its
+#: meta leader) answers API requests only after its Raft election, which takes seconds under load.
+READY_TIMEOUT_S = 30.0
 
 
 async def ensure_topology(
@@ -194,7 +204,9 @@ async def ensure_topology(
     infos: dict[str, StreamInfo] = {}
     for config in streams:
         assert config.name is not None
-        infos[config.name] = await _ensure_stream(js, config, allow_repartition=allow_repartition)
+        infos[config.name] = await _until_answered(
+            partial(_ensure_stream, js, config, allow_repartition=allow_repartition)
+        )
 
     keep = replicas is None
 
@@ -205,19 +217,49 @@ async def ensure_topology(
         prefix=prefix,
         partitions=partitions,
         names=names,
-        checkpoints=await _ensure_kv(js, kv(names.checkpoints_bucket, None), keep_replicas=keep),
-        registry=await _ensure_kv(js, kv(names.registry_bucket, None), keep_replicas=keep),
-        subscriptions=await _ensure_kv(js, kv(names.subscriptions_bucket, None), keep_replicas=keep),
-        workers=await _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s), keep_replicas=keep),
-        leases=await _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s), keep_replicas=keep),
-        runs=await _ensure_kv(js, kv(names.runs_bucket, None), keep_replicas=keep),
-        artifacts=await _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage),
+        checkpoints=await _until_answered(
+            lambda: _ensure_kv(js, kv(names.checkpoints_bucket, None), keep_replicas=keep)
+        ),
+        registry=await _until_answered(
+            lambda: _ensure_kv(js, kv(names.registry_bucket, None), keep_replicas=keep)
+        ),
+        subscriptions=await _until_answered(
+            lambda: _ensure_kv(js, kv(names.subscriptions_bucket, None), keep_replicas=keep)
+        ),
+        workers=await _until_answered(
+            lambda: _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s), keep_replicas=keep)
+        ),
+        leases=await _until_answered(
+            lambda: _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s), keep_replicas=keep)
+        ),
+        runs=await _until_answered(lambda: _ensure_kv(js, kv(names.runs_bucket, None), keep_replicas=keep)),
+        artifacts=await _until_answered(
+            lambda: _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage)
+        ),
         streams=infos,
     )
 
 
 # --------------------------------------------------------------------------------------------------------
 # Reconciliation
+
+#: How long a request of `ensure_topology` may go unanswered: a cluster that just started (or lost its
+#: meta leader) answers the JetStream API only after its Raft election, which takes seconds under load.
+READY_TIMEOUT_S = 30.0
+
+T = TypeVar("T")
+
+
+async def _until_answered(step: Callable[[], Awaitable[T]]) -> T:
+    """Run an idempotent reconcile step again while JetStream does not answer (see `READY_TIMEOUT_S`)."""
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while True:
+        try:
+            return await step()
+        except Exception as exc:
+            if not is_unavailable(exc) or time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(0.5)
 
 
 _STREAM_MANAGED = ("max_age", "duplicate_window", "num_replicas")

@@ -338,7 +338,7 @@ class Worker(Upkeep):
         owner = self._owners.get(work.agent_type.name) if work.durable else None
         try:
             for fenced in range(_FENCED_RETRIES + 1):
-                if owner is not None and work.partition is not None and not owner.may_start(work.partition):
+                if not self._may_start(work):
                     # Its partition moved on while it was queued, or this worker stalled past its lease and
                     # may have lost it without knowing yet: the owner runs it (not acked here), we must not.
                     return LEAVE
@@ -367,6 +367,13 @@ class Worker(Upkeep):
             log.warning("lease of %s lost while its handler ran; left to the partition's owner", agent_id)
             self._activations.drop(agent_id)
             return LEAVE
+
+    def _may_start(self, work: _Work) -> bool:
+        """Whether `work` may (still) start here: its partition's lease is certainly ours."""
+        owner = self._owners.get(work.agent_type.name) if work.durable else None
+        if owner is None or work.partition is None:
+            return True
+        return not work.lease_lost and owner.may_start(work.partition)
 
     async def _handle_in_order(self, work: _Work, attempts: int = 3) -> Settlement:
         """Handle `work`, retrying a failed commit in place (the key's next message waits: FIFO holds).
@@ -410,6 +417,10 @@ class Worker(Upkeep):
                         return dead_letter_with("commit_failed", repr(exc), error)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+                if not self._may_start(work):
+                    # The outage outlasted our lease (a host cut off, say): the partition's new owner
+                    # has (or will have) this message; running it again here would run it twice.
+                    raise _LeaseLost() from exc
 
     async def _handle(self, work: _Work) -> Settlement:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
