@@ -47,7 +47,7 @@ lint: $(STAMP)
 	$(UV) run --no-sync ruff format --check .
 
 typecheck: $(STAMP)
-	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus libs/plexus-llm/src/plexus services/orchestrator/src/plexus services/gateway/src/plexus tests examples bench
+	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus libs/plexus-llm/src/plexus services/orchestrator/src/plexus services/gateway/src/plexus tests examples bench deploy
 
 imports: $(STAMP)
 	$(UV) run --no-sync lint-imports

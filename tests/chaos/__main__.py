@@ -10,6 +10,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from deploy.local.netns import netns_available
+
 from .harness import chaos
 
 
@@ -21,7 +23,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=1, help="consecutive seeded runs (seed, seed+1, ...)")
     parser.add_argument("--report", type=Path, default=None, help="write the JSON reports here")
     parser.add_argument("--keep", type=Path, default=None, help="keep logs and records under this directory")
+    parser.add_argument(
+        "--netns",
+        choices=("auto", "on", "off"),
+        default="auto",
+        help="every process on its own network-namespace host, with `cut_host` faults (auto: when root)",
+    )
     args = parser.parse_args(argv)
+    why_not = netns_available()
+    if args.netns == "on" and why_not:
+        parser.error(f"--netns on: {why_not}")
+    netns = args.netns == "on" or (args.netns == "auto" and why_not is None)
+    where = "network namespaces (cut_host faults on)" if netns else f"loopback ({why_not or 'netns off'})"
+    print(f"hosts: {where}", flush=True)
     seed = args.seed if args.seed is not None else random.randrange(1 << 32)
     failed = False
     reports = []
@@ -31,10 +45,10 @@ def main(argv: list[str] | None = None) -> int:
             workdir = args.keep / f"seed-{seed + i}"
             shutil.rmtree(workdir, ignore_errors=True)  # a cluster must not start on another's stores
             workdir.mkdir(parents=True)
-            report = asyncio.run(chaos(seed + i, args.duration, workdir, keys=args.keys))
+            report = asyncio.run(chaos(seed + i, args.duration, workdir, keys=args.keys, netns=netns))
         else:
             with tempfile.TemporaryDirectory(prefix="plexus-chaos-") as tmp:
-                report = asyncio.run(chaos(seed + i, args.duration, Path(tmp), keys=args.keys))
+                report = asyncio.run(chaos(seed + i, args.duration, Path(tmp), keys=args.keys, netns=netns))
         print(report.summary(), flush=True)
         for detail in report.details:
             print(f"  violation: {detail}", flush=True)

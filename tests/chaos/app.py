@@ -39,7 +39,8 @@ def _record(kind: str, key: str, n: int) -> None:
 
 @app.agent("ledger", description="appends each numbered message to its durable state, in order")
 class Ledger(Agent):
-    """Input ``{"n": N}`` appends N to ``state["seen"]``; ``{"report": true}`` answers the whole list."""
+    """Input ``{"n": N}`` (``"hold": S`` keeps the handler busy S seconds) appends N to ``state["seen"]``;
+    ``{"report": true}`` answers the whole list."""
 
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         cmd = json.loads(_text(blocks) or "{}")
@@ -49,7 +50,8 @@ class Ledger(Agent):
         n = int(cmd["n"])
         _record("start", ctx.agent_id.key, n)
         seen.append(n)
-        await asyncio.sleep(0.005)  # a window in which a second activation of the key would show
+        # A window in which a second activation of the key would show; ``hold`` makes it long on purpose.
+        await asyncio.sleep(float(cmd.get("hold", 0.005)))
         _record("end", ctx.agent_id.key, n)
         return [TextBlock(text=str(len(seen)))]
 

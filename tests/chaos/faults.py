@@ -1,5 +1,11 @@
 """The processes of a chaos run and the faults done to them (kill -9 and restart of a worker, an
-orchestrator or a NATS node, the inbox stream's leader included; SIGSTOP of a worker past its lease)."""
+orchestrator or a NATS node, the inbox stream's leader included; SIGSTOP of a worker past its lease; a
+host cut off from the network past the lease TTL and reconnected).
+
+Run as root, every process gets its own host (a network namespace on one bridge, `deploy.local.netns`):
+NATS nodes, workers and orchestrators talk over the bridge as separate machines would, and `cut_host`
+takes a host's link down without stopping its processes. Without root the fleet runs on loopback and
+`cut_host` is not drawn."""
 
 from __future__ import annotations
 
@@ -14,12 +20,15 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.local.netns import Host, Network
+
 from plexus.runtime import NatsCluster, Runtime
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.chaos.app:app"
 LEASE_TTL_S = 10.0
 KINDS = ("kill_worker", "kill_orchestrator", "kill_nats_leader", "kill_nats", "stall_worker")
+NETNS_KINDS = (*KINDS, "cut_host")
 
 
 @dataclass
@@ -38,12 +47,33 @@ class Fleet:
     workdir: Path
     workers: int = 3
     orchestrators: int = 2
+    #: Hosts in network namespaces (None: everything on loopback).
+    network: Network | None = None
     cluster: NatsCluster = field(init=False)
+    hosts: dict[str, Host] = field(default_factory=dict, init=False)
     worker_procs: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
     orch_procs: list[subprocess.Popen[bytes]] = field(default_factory=list, init=False)
 
+    @property
+    def kinds(self) -> tuple[str, ...]:
+        return NETNS_KINDS if self.network is not None else KINDS
+
     def start(self) -> None:
-        self.cluster = NatsCluster(3, base_dir=self.workdir / "nats").start()
+        if self.network is not None:
+            self.network.up()
+            for label in [*(f"n{j}" for j in range(3)), *(f"w{i}" for i in range(self.workers))]:
+                self.hosts[label] = self.network.add_host(label)
+            for i in range(self.orchestrators):
+                self.hosts[f"o{i}"] = self.network.add_host(f"o{i}")
+            nodes = [self.hosts[f"n{j}"] for j in range(3)]
+            self.cluster = NatsCluster(
+                3,
+                base_dir=self.workdir / "nats",
+                hosts=[h.ip for h in nodes],
+                command_prefixes=[h.exec_prefix for h in nodes],
+            ).start()
+        else:
+            self.cluster = NatsCluster(3, base_dir=self.workdir / "nats").start()
         for server in self.cluster.servers:
             server.port = server.client_port or -1  # a restarted node comes back on the seed list's port
         self.worker_procs = [self._worker(i) for i in range(self.workers)]
@@ -53,11 +83,12 @@ class Fleet:
     def seeds(self) -> list[str]:
         return [arg for url in self.cluster.urls for arg in ("--nats", url)]
 
-    def _spawn(self, args: list[str], log_name: str) -> subprocess.Popen[bytes]:
+    def _spawn(self, args: list[str], log_name: str, host: str) -> subprocess.Popen[bytes]:
         env = {**os.environ, "PYTHONPATH": str(REPO), "PLEXUS_CHAOS_DIR": str(self.workdir)}
+        prefix = self.hosts[host].exec_prefix if host in self.hosts else []
         with (self.workdir / log_name).open("ab") as log:
             return subprocess.Popen(
-                [sys.executable, "-m", "plexus.runtime.cli", *args],
+                [*prefix, sys.executable, "-m", "plexus.runtime.cli", *args],
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=env,
@@ -66,10 +97,11 @@ class Fleet:
 
     def _worker(self, i: int) -> subprocess.Popen[bytes]:
         args = ["worker", APP, *self.seeds, "--lease-ttl", str(LEASE_TTL_S), "--ack-wait", "10"]
-        return self._spawn([*args, "--heartbeat-ttl", "6", "--worker-id", f"chaos-w{i}"], f"worker{i}.log")
+        args += ["--heartbeat-ttl", "6", "--worker-id", f"chaos-w{i}"]
+        return self._spawn(args, f"worker{i}.log", f"w{i}")
 
     def _orchestrator(self, i: int) -> subprocess.Popen[bytes]:
-        return self._spawn(["orchestrator", *self.seeds], f"orchestrator{i}.log")
+        return self._spawn(["orchestrator", *self.seeds], f"orchestrator{i}.log", f"o{i}")
 
     async def inject(self, kind: str, rng: random.Random, admin: Runtime) -> Fault:
         """Do one fault and heal it (restart / resume) before returning: faults never overlap, so the
@@ -103,6 +135,14 @@ class Fleet:
                 await asyncio.sleep(LEASE_TTL_S + 2.0)  # past its lease: its partitions move
             finally:
                 os.kill(self.worker_procs[i].pid, signal.SIGCONT)
+        elif kind == "cut_host" and self.hosts:
+            host = self.hosts[rng.choice(sorted(self.hosts))]
+            fault = Fault(kind, host.name, time.time())
+            await asyncio.to_thread(host.cut)
+            try:
+                await asyncio.sleep(LEASE_TTL_S + 2.0)  # past its leases: partitions move, Raft re-elects
+            finally:
+                await asyncio.to_thread(host.heal)
         else:
             raise ValueError(f"unknown fault {kind!r}")
         fault.healed_at = time.time()
@@ -123,7 +163,10 @@ class Fleet:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(proc.pid, signal.SIGCONT)
             _kill(proc)
-        self.cluster.cleanup()
+        if hasattr(self, "cluster"):
+            self.cluster.cleanup()
+        if self.network is not None:
+            self.network.down()
 
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:

@@ -9,17 +9,20 @@ then reads the agents' committed state, their EventLogs, their execution records
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.local.netns import Network
+
 from plexus.core import AgentId, ExecutionBudget, KernelError, MessageId, SpawnBudget, TextBlock
 from plexus.runtime import Runtime
 
 from .checker import Report, check
-from .faults import KINDS, Fault, Fleet
+from .faults import Fault, Fleet
 
 TREE_LEAVES, TREE_STEPS, TREE_TOKENS = 3, 3, 10
 
@@ -48,22 +51,26 @@ async def chaos(
     keys: int = 20,
     fault_every_s: float = 8.0,
     schedule: list[str] | None = None,
+    netns: bool = False,
 ) -> Report:
     """One run: load for `duration_s` with a fault every `fault_every_s` (kinds drawn with `seed`, or the
     given `schedule`), then the check."""
     rng = random.Random(seed)
-    fleet = Fleet(workdir)
-    fleet.start()
-    admin = await Runtime.connect(fleet.cluster.urls, replicas=3)
-    client = await Runtime.connect(fleet.cluster.urls)
+    fleet = Fleet(workdir, network=Network("pxk", "10.77.2.0/24") if netns else None)
     load = Load()
     faults: list[Fault] = []
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        stack.callback(fleet.stop)  # also after a start that failed half way (hosts left behind otherwise)
+        fleet.start()
+        admin = await Runtime.connect(fleet.cluster.urls, replicas=3)
+        stack.push_async_callback(admin.close)
+        client = await Runtime.connect(fleet.cluster.urls)
+        stack.push_async_callback(client.close)
         await _ready(client)
         stop_at = time.monotonic() + duration_s
         senders = [asyncio.create_task(_send_numbers(client, f"k{i}", stop_at, load)) for i in range(keys)]
         trees = asyncio.create_task(_start_trees(client, stop_at, load, rng))
-        kinds = schedule or [rng.choice(KINDS) for _ in range(int(duration_s // fault_every_s))]
+        kinds = schedule or [rng.choice(fleet.kinds) for _ in range(int(duration_s // fault_every_s))]
         for kind in kinds:
             await asyncio.sleep(min(fault_every_s / 2, max(0.0, stop_at - time.monotonic())))
             if time.monotonic() >= stop_at:
@@ -72,10 +79,7 @@ async def chaos(
             await asyncio.sleep(max(0.0, min(fault_every_s / 2, stop_at - time.monotonic())))
         await asyncio.gather(*senders, trees)
         return await check(client, admin, workdir, load, faults, seed, duration_s)
-    finally:
-        await client.close()
-        await admin.close()
-        fleet.stop()
+    raise AssertionError("unreachable")  # AsyncExitStack may swallow exceptions as far as mypy knows
 
 
 async def _ready(rt: Runtime) -> None:

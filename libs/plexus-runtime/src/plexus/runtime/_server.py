@@ -70,6 +70,9 @@ class NatsServer:
     routes: list[str] = field(default_factory=list)
     ready_timeout: float = 15.0
     extra_config: str = ""
+    #: Prepended to the nats-server command line, e.g. ``["ip", "netns", "exec", "h1"]`` to run the node
+    #: on another (network-namespace) host; it must exec the command so that the PID stays the server's.
+    command_prefix: list[str] = field(default_factory=list)
 
     process: subprocess.Popen[bytes] | None = field(default=None, init=False, repr=False)
     client_port: int | None = field(default=None, init=False)
@@ -216,6 +219,9 @@ class NatsCluster:
     n: int = 3
     base_dir: Path | None = None
     sync_interval: str | None = None
+    #: Per node: the address it listens on (default loopback) and its command prefix (see `NatsServer`).
+    hosts: list[str] | None = None
+    command_prefixes: list[list[str]] | None = None
     servers: list[NatsServer] = field(default_factory=list, init=False)
     _owns_dir: bool = field(default=False, init=False, repr=False)
 
@@ -223,11 +229,17 @@ class NatsCluster:
         if self.base_dir is None:
             self.base_dir = Path(tempfile.mkdtemp(prefix="plexus-cluster-"))
             self._owns_dir = True
+        hosts = self.hosts or ["127.0.0.1"] * self.n
+        prefixes = self.command_prefixes or [[] for _ in range(self.n)]
+        if len(hosts) != self.n or len(prefixes) != self.n:
+            raise ValueError(f"hosts and command_prefixes need one entry per node ({self.n})")
         cluster_ports = [_free_port() for _ in range(self.n)]
-        routes = [f"nats://127.0.0.1:{p}" for p in cluster_ports]
+        routes = [f"nats://{h}:{p}" for h, p in zip(hosts, cluster_ports, strict=True)]
         self.servers = [
             NatsServer(
                 store_dir=self.base_dir / f"n{i}",
+                host=hosts[i],
+                command_prefix=prefixes[i],
                 server_name=f"n{i}",
                 cluster_name="plexus",
                 cluster_port=cluster_ports[i],
@@ -304,5 +316,8 @@ def _spawn_only(server: NatsServer) -> None:
     server._log_path = root / "nats.log"
     with server._log_path.open("ab") as log:
         server.process = subprocess.Popen(
-            [binary, "-c", str(conf)], stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            [*server.command_prefix, binary, "-c", str(conf)],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
