@@ -1,1 +1,1 @@
-"""Deployment: a local multi-host cluster in network namespaces (`local/`), compose and Kubernetes manifests."""
+"""Deployment: a local multi-host cluster in network namespaces (`local/`) and manifests."""

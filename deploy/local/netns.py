@@ -13,6 +13,7 @@ removes everything a killed run left behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import os
 import re
@@ -31,12 +32,20 @@ class NetnsError(RuntimeError):
     """An ``ip`` command failed (the message carries its stderr)."""
 
 
+@functools.cache
 def netns_available() -> str | None:
-    """None when network namespaces can be built here, else the reason they cannot."""
+    """None when network namespaces can be built here (tried once: root without CAP_NET_ADMIN, in a
+    container, cannot), else the reason they cannot."""
     if os.geteuid() != 0:
         return "network namespaces need root"
     if shutil.which("ip") is None:
         return "iproute2's `ip` is not installed"
+    probe = f"plxprobe{os.getpid()}"
+    try:
+        _ip("netns", "add", probe)
+    except NetnsError as exc:
+        return f"cannot create a network namespace: {exc}"
+    _ip("netns", "delete", probe, check=False)
     return None
 
 
