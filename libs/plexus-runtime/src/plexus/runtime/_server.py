@@ -222,6 +222,9 @@ class NatsCluster:
     #: Per node: the address it listens on (default loopback) and its command prefix (see `NatsServer`).
     hosts: list[str] | None = None
     command_prefixes: list[list[str]] | None = None
+    #: Fixed client / cluster ports for every node (only for nodes on different hosts); default random.
+    client_port: int = -1
+    cluster_port: int | None = None
     servers: list[NatsServer] = field(default_factory=list, init=False)
     _owns_dir: bool = field(default=False, init=False, repr=False)
 
@@ -233,12 +236,13 @@ class NatsCluster:
         prefixes = self.command_prefixes or [[] for _ in range(self.n)]
         if len(hosts) != self.n or len(prefixes) != self.n:
             raise ValueError(f"hosts and command_prefixes need one entry per node ({self.n})")
-        cluster_ports = [_free_port() for _ in range(self.n)]
+        cluster_ports = [self.cluster_port or _free_port() for _ in range(self.n)]
         routes = [f"nats://{h}:{p}" for h, p in zip(hosts, cluster_ports, strict=True)]
         self.servers = [
             NatsServer(
                 store_dir=self.base_dir / f"n{i}",
                 host=hosts[i],
+                port=self.client_port,
                 command_prefix=prefixes[i],
                 server_name=f"n{i}",
                 cluster_name="plexus",

@@ -1,0 +1,205 @@
+"""A real multi-host Plexus on one machine: three hosts in network namespaces (`netns.Network`), a
+3-node JetStream cluster with R3 streams and buckets, two orchestrator replicas, two workers and the
+gateway, each process on its host and every one of them talking over the bridge.
+
+Placement (addresses from ``10.77.0.0/24``; the machine itself is ``.1`` on the bridge)::
+
+    h1 10.77.0.10   nats n1   orchestrator o1   worker w1   gateway :8470
+    h2 10.77.0.11   nats n2   orchestrator o2   worker w2
+    h3 10.77.0.12   nats n3
+
+`up` returns once the gateway answers ``/readyz``; the processes keep running in their own sessions,
+their PIDs and logs under the state directory, until `down` stops them (SIGTERM, then SIGKILL) and deletes
+the hosts. Needs root (network namespaces).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from plexus.runtime import NatsCluster
+
+from .netns import Host, Network, netns_available
+
+__all__ = ["APP", "GATEWAY_PORT", "NATS_CLIENT_PORT", "NATS_CLUSTER_PORT", "LocalCluster"]
+
+REPO = Path(__file__).resolve().parents[2]
+APP = "examples.research_team:app"
+NATS_CLIENT_PORT = 4222
+NATS_CLUSTER_PORT = 6222
+GATEWAY_PORT = 8470
+PLACEMENT = {
+    "h1": ("n1", "orchestrator", "worker", "gateway"),
+    "h2": ("n2", "orchestrator", "worker"),
+    "h3": ("n3",),
+}
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not be brought up (the message says which part and its log's tail)."""
+
+
+@dataclass
+class LocalCluster:
+    """`up()` / `down()` of the placement above; `state_dir` keeps stores, logs and ``state.json``."""
+
+    state_dir: Path
+    app: str = APP
+    network: Network = field(default_factory=lambda: Network("plx", "10.77.0.0/24"))
+
+    @property
+    def _state_file(self) -> Path:
+        return self.state_dir / "state.json"
+
+    def up(self, timeout_s: float = 90.0) -> dict[str, object]:
+        """Start everything; returns the state (URLs, PIDs). An earlier cluster in `state_dir` is stopped
+        first."""
+        reason = netns_available()
+        if reason is not None:
+            raise ClusterError(f"the local cluster needs network namespaces: {reason}")
+        self.down()
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self.network.up()
+        placed: dict[str, Host] = {label: self.network.add_host(label) for label in PLACEMENT}
+        nats_hosts = [placed[h] for h, roles in PLACEMENT.items() if any(r.startswith("n") for r in roles)]
+        cluster = NatsCluster(
+            len(nats_hosts),
+            base_dir=self.state_dir / "nats",
+            hosts=[h.ip for h in nats_hosts],
+            command_prefixes=[h.exec_prefix for h in nats_hosts],
+            client_port=NATS_CLIENT_PORT,
+            cluster_port=NATS_CLUSTER_PORT,
+        )
+        pids: dict[str, int] = {}
+        state: dict[str, object] = {"pids": pids, "hosts": {h.name: h.ip for h in placed.values()}}
+        try:
+            cluster.start()
+            for i, server in enumerate(cluster.servers):
+                assert server.pid is not None
+                pids[f"nats-n{i + 1}"] = server.pid
+            seeds = cluster.urls
+            state["nats"] = seeds
+            self._write(state)
+            # The topology is created R3 once, before any service connects with its R1 defaults.
+            self._run(["python", "-m", "deploy.local", "topology", *seeds], "topology.log")
+            nats_args = [arg for url in seeds for arg in ("--nats", url)]
+            n_orch = n_worker = 0
+            for label, roles in PLACEMENT.items():
+                host = placed[label]
+                for role in roles:
+                    if role == "orchestrator":
+                        n_orch += 1
+                        pids[f"orchestrator-o{n_orch}"] = self._spawn(
+                            host, ["plexus", "orchestrator", *nats_args], f"orchestrator-o{n_orch}.log"
+                        )
+                    elif role == "worker":
+                        n_worker += 1
+                        args = ["plexus", "worker", self.app, *nats_args, "--worker-id", f"w{n_worker}"]
+                        pids[f"worker-w{n_worker}"] = self._spawn(host, args, f"worker-w{n_worker}.log")
+                    elif role == "gateway":
+                        args = ["plexus", "gateway", *nats_args, "--dev", "--host", host.ip]
+                        args += ["--port", str(GATEWAY_PORT)]
+                        pids["gateway"] = self._spawn(host, args, "gateway.log")
+                        state["dashboard"] = f"http://{host.ip}:{GATEWAY_PORT}/"
+            self._write(state)
+            self._wait_ready(str(state["dashboard"]), timeout_s)
+        except BaseException:
+            self.down()
+            raise
+        return state
+
+    def down(self) -> None:
+        """Stop every process of the state file (SIGTERM, SIGKILL after 10 s) and delete the hosts."""
+        state = self.status()
+        pids = state.get("pids", {}) if state else {}
+        assert isinstance(pids, dict)
+        for pid in pids.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGTERM)
+        deadline = time.monotonic() + 10.0
+        for pid in pids.values():
+            while _alive(int(pid)) and time.monotonic() < deadline:
+                time.sleep(0.1)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(pid), signal.SIGKILL)
+        self.network.down()
+        if self._state_file.exists():
+            self._state_file.unlink()
+        shutil.rmtree(self.state_dir / "nats", ignore_errors=True)
+
+    def status(self) -> dict[str, object] | None:
+        """The state of a cluster that is up (None if there is none)."""
+        if not self._state_file.exists():
+            return None
+        state: dict[str, object] = json.loads(self._state_file.read_text())
+        return state
+
+    # -- helpers ------------------------------------------------------------------------------------
+    def _write(self, state: dict[str, object]) -> None:
+        self._state_file.write_text(json.dumps(state, indent=2) + "\n")
+
+    def _env(self) -> dict[str, str]:
+        bin_dir = str(Path(sys.executable).parent)  # the venv's `plexus` command
+        return {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
+
+    def _spawn(self, host: Host, argv: list[str], log_name: str) -> int:
+        with (self.state_dir / log_name).open("ab") as log:
+            proc = host.popen(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO, start_new_session=True
+            )
+        return proc.pid
+
+    def _run(self, argv: list[str], log_name: str) -> None:
+        argv = [sys.executable, *argv[1:]] if argv[0] == "python" else argv
+        with (self.state_dir / log_name).open("ab") as log:
+            done = subprocess.run(
+                argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO, check=False
+            )
+        if done.returncode != 0:
+            raise ClusterError(f"{' '.join(argv)} failed: {_tail(self.state_dir / log_name)}")
+
+    def _wait_ready(self, dashboard: str, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        last = ""
+        workers = {f"w{i + 1}" for i in range(sum("worker" in roles for roles in PLACEMENT.values()))}
+        while time.monotonic() < deadline:
+            try:
+                with urllib.request.urlopen(f"{dashboard}readyz", timeout=2) as resp:
+                    ready = resp.status == 200
+                # Ready means serving: the gateway answers and every worker has registered its types.
+                with urllib.request.urlopen(f"{dashboard}v1/agents", timeout=2) as resp:
+                    agents = json.loads(resp.read())
+                if ready and agents and all(set(a["workers"]) == workers for a in agents):
+                    return
+                last = f"workers so far: {[a['workers'] for a in agents]}"
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                last = str(exc)
+            time.sleep(0.5)
+        raise ClusterError(
+            f"the gateway was not ready within {timeout_s}s ({last}): {_tail(self.state_dir / 'gateway.log')}"
+        )
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie, dead but not yet reaped by the process that started it, is not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    if not path.exists():
+        return "(no log)"
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
