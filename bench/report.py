@@ -80,6 +80,32 @@ ROWS = (
     Row("rebalance: a worker joins", "s", None, "rebalance.join", None, False),
     Row("rebalance: a worker leaves (graceful)", "s", None, "rebalance.leave", None, False),
     Row("rebalance: a worker is killed (lease TTL 10 s)", "s", None, "rebalance.crash", None, False),
+    # bench/durability_bench.py: durable sends, default lazy fsync vs `sync_interval: always`, R1 and R3.
+    *(
+        Row(
+            f"durable send R{r}, {sync} fsync, {n} in flight",
+            "msg/s",
+            None,
+            f"durability.r{r}.{sync}.{n}",
+            None,
+            False,
+        )
+        for r in (1, 3)
+        for sync in ("default", "always")
+        for n in (1, 16)
+    ),
+    *(
+        Row(
+            f"sync_interval always / default, R{r}, {n} in flight",
+            "×",
+            None,
+            f"durability.ratio.r{r}.{n}",
+            None,
+            False,
+        )
+        for r in (1, 3)
+        for n in (1, 16)
+    ),
 )
 
 

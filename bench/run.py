@@ -322,6 +322,12 @@ def main() -> int:
                 result = procs.client("plexus-scale", scale_cmd, client_timeout)
             metrics.update(result["metrics"])
             client_info["plexus-scale"] = result["info"]
+            print("bench: durability settings (R1/R3 x default/always fsync) …", flush=True)
+            with phase(logs, env) as procs:
+                dur_cmd = [py, "-m", "bench.durability_bench", "--mode", mode]
+                result = procs.client("plexus-durability", dur_cmd, client_timeout)
+            metrics.update(result["metrics"])
+            client_info["plexus-durability"] = result["info"]
         if autogen_python is not None:
             print("bench: AutoGen gRPC …", flush=True)
             address = f"127.0.0.1:{_free_port()}"
