@@ -172,8 +172,14 @@ class RunControl:
         if cached is not None and now - cached[0] < 0.5:
             return cached[1]
         try:
-            entry = await self.rt.topology.runs.get(run_key(escape_token(run_id)))
-            record = msgspec.json.decode(entry.value, type=RunRecord) if entry.value else None
+            # From the stream's leader, not a KV get: on R3 a direct get may be answered by a follower
+            # that has not applied the orchestrator's last write yet, and a preempted agent that read
+            # "running" there went on working while suspended (found by the e2e suite on R3).
+            bucket = self.rt.topology.names.runs_bucket
+            entry = await self.rt.js.get_msg(
+                f"KV_{bucket}", subject=f"$KV.{bucket}.{run_key(escape_token(run_id))}", direct=False
+            )
+            record = msgspec.json.decode(entry.data, type=RunRecord) if entry.data else None
         except Exception:
             record = None
         if len(self._status_cache) > self._memory:

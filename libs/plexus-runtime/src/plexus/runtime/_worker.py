@@ -152,6 +152,17 @@ class Worker(Upkeep):
         connection = self.rt.connection
         for interceptor in self.app.interceptors:
             await interceptor.start(connection, self.worker_id)
+        ns = escape_token(self.app.namespace)
+        # Control subscriptions come first and live until the drain ends (see `stop`): no handler may start
+        # before cancel and pause broadcasts reach this worker (they are not replayed), and draining
+        # handlers must still be cancellable and pausable. They once came after the first rebalance, which
+        # takes seconds on R3: a run preempted meanwhile was never paused (found by the e2e suite on R3).
+        self._control_subs.append(
+            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.cancel.*", cb=self._on_cancel)
+        )
+        self._control_subs.append(
+            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._on_pause)
+        )
         for agent_type in self.app.types.values():
             await self.rt.registry.register_type(
                 AgentTypeInfo(
@@ -208,15 +219,6 @@ class Worker(Upkeep):
                 )
         for owner in self._owners.values():
             await owner.rebalance()
-        ns = escape_token(self.app.namespace)
-        # Control subscriptions live until the drain ends (see `stop`): draining handlers must still be
-        # cancellable and pausable.
-        self._control_subs.append(
-            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.cancel.*", cb=self._on_cancel)
-        )
-        self._control_subs.append(
-            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._on_pause)
-        )
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
         self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
