@@ -13,6 +13,7 @@ Public API (everything else is private and may change):
 from ._agent import Agent, AgentFactory, AgentType
 from ._app import App
 from ._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
+from ._auth import NatsAuth, NatsAuthError
 from ._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
 from ._client import Runtime
 from ._cluster import ServiceUnavailableError
@@ -72,6 +73,8 @@ __all__ = [
     "Interceptor",
     "LocalSupervisor",
     "LogRecord",
+    "NatsAuth",
+    "NatsAuthError",
     "NatsCluster",
     "NatsServer",
     "NatsServerError",

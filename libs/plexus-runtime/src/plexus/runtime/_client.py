@@ -36,6 +36,7 @@ from plexus.core import (
 )
 
 from ._artifacts import ArtifactStore, check_payload_size, headers_size
+from ._auth import NatsAuth
 from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._connection import Connection
@@ -134,8 +135,14 @@ class Runtime(RunsClient):
         interceptors: Sequence[Interceptor] = (),
         name: str | None = None,
         replicas: int | None = None,
+        auth: NatsAuth | None = None,
     ) -> Runtime:
+        """Connect to `url` (one URL or a cluster's seed list) and create or reconcile the topology.
+
+        `auth` (default: the ``PLEXUS_NATS_*`` environment, `NatsAuth.from_env`) carries credentials, TLS
+        and this identity's inbox prefix; nothing set is the open development mode."""
         servers = [url] if isinstance(url, str) else list(url)
+        auth = NatsAuth.from_env() if auth is None else auth
         closed = asyncio.Event()
 
         async def on_closed() -> None:
@@ -144,7 +151,11 @@ class Runtime(RunsClient):
         # nats-py closes a connection for good on some protocol errors (e.g. "maximum control line
         # exceeded") even with unlimited reconnects: long-lived processes watch `connection_closed`.
         nc = await nats.connect(
-            servers=servers, name=name or "plexus", max_reconnect_attempts=-1, closed_cb=on_closed
+            servers=servers,
+            name=name or "plexus",
+            max_reconnect_attempts=-1,
+            closed_cb=on_closed,
+            **auth.connect_options(),
         )
         topology = await ensure_topology(
             nc.jetstream(),

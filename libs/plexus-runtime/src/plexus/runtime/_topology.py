@@ -33,7 +33,7 @@ from nats.js.api import (
     StreamInfo,
     SubjectTransform,
 )
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
@@ -275,13 +275,18 @@ async def _ensure_stream(
     allow_repartition: bool = False,
 ) -> StreamInfo:
     """Create ``desired``; if a different stream of that name exists, reconcile the ``managed`` settings
-    and refuse to touch the ``frozen`` ones. Settings ``desired`` leaves None are not compared."""
-    try:
-        return await js.add_stream(desired)
-    except BadRequestError as exc:
-        if exc.err_code != _STREAM_NAME_IN_USE:
-            raise
+    and refuse to touch the ``frozen`` ones. Settings ``desired`` leaves None are not compared.
+
+    It looks before it writes: a stream that exists as desired costs one STREAM.INFO, so a process whose
+    NATS user may only read the JetStream API (a client, a worker under `plexus security`) connects to a
+    topology an operator created without ever asking to create or change it."""
     assert desired.name is not None
+    if not await _exists(js, desired.name):
+        try:
+            return await js.add_stream(desired)
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:  # created meanwhile by another process: reconcile
+                raise
     if allow_repartition:
         frozen = tuple(s for s in frozen if s != "subject_transform")
         managed = (*managed, "subject_transform")
@@ -313,14 +318,23 @@ def _norm(value: Any) -> Any:
     return value
 
 
+async def _exists(js: JetStreamContext, stream: str) -> bool:
+    try:
+        await js.stream_info(stream)
+    except NotFoundError:
+        return False
+    return True
+
+
 async def _ensure_kv(
     js: JetStreamContext, config: KeyValueConfig, *, keep_replicas: bool = False
 ) -> KeyValue:
-    try:
-        return await js.create_key_value(config)
-    except BadRequestError as exc:
-        if exc.err_code != _STREAM_NAME_IN_USE:
-            raise
+    if not await _exists(js, f"KV_{config.bucket}"):
+        try:
+            return await js.create_key_value(config)
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:
+                raise
     ttl = config.ttl or 0.0
     # Mirrors nats-py's create_key_value: the duplicate window may not exceed the bucket TTL.
     window = min(120.0, ttl) if ttl else 120.0
@@ -339,13 +353,14 @@ async def _ensure_kv(
 async def _ensure_object_store(
     js: JetStreamContext, bucket: str, *, replicas: int | None, storage: StorageType
 ) -> ObjectStore:
-    try:
-        return await js.create_object_store(
-            bucket, config=ObjectStoreConfig(replicas=replicas or 1, storage=storage)
-        )
-    except BadRequestError as exc:
-        if exc.err_code != _STREAM_NAME_IN_USE:
-            raise
+    if not await _exists(js, f"OBJ_{bucket}"):
+        try:
+            return await js.create_object_store(
+                bucket, config=ObjectStoreConfig(replicas=replicas or 1, storage=storage)
+            )
+        except BadRequestError as exc:
+            if exc.err_code != _STREAM_NAME_IN_USE:
+                raise
     if replicas is not None:  # None: leave an existing store's replicas as the operator set them
         desired = StreamConfig(name=f"OBJ_{bucket}", num_replicas=replicas, storage=storage)
         await _ensure_stream(js, desired, managed=("num_replicas",))

@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import Registry, TopologyNames, ensure_topology
+from plexus.runtime import NatsAuth, Registry, TopologyNames, ensure_topology
 
 from ._budget import BudgetWatcher
 from ._engine import Engine, EngineConfig
@@ -59,15 +59,23 @@ class Orchestrator:
         self.connection_closed = asyncio.Event()
 
     @classmethod
-    async def connect(cls, url: str | list[str], config: OrchestratorConfig | None = None) -> Orchestrator:
+    async def connect(
+        cls, url: str | list[str], config: OrchestratorConfig | None = None, auth: NatsAuth | None = None
+    ) -> Orchestrator:
+        """Connect to `url`; `auth` defaults to the ``PLEXUS_NATS_*`` environment (`NatsAuth.from_env`)."""
         servers = [url] if isinstance(url, str) else url
+        auth = NatsAuth.from_env() if auth is None else auth
         closed = asyncio.Event()
 
         async def on_closed() -> None:
             closed.set()
 
         nc = await nats.connect(
-            servers=servers, name="plexus-orchestrator", max_reconnect_attempts=-1, closed_cb=on_closed
+            servers=servers,
+            name="plexus-orchestrator",
+            max_reconnect_attempts=-1,
+            closed_cb=on_closed,
+            **auth.connect_options(),
         )
         orch = cls(nc, config, own_connection=True)
         orch.connection_closed = closed
