@@ -44,6 +44,7 @@ from ._interceptors import (
 )
 from ._outage import is_unavailable
 from ._registry import AgentTypeInfo, Registry, WorkerInfo
+from ._security import SecurityLayout, security_init
 from ._server import NatsCluster, NatsServer, NatsServerError
 from ._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
 from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
@@ -85,6 +86,7 @@ __all__ = [
     "Reply",
     "RunInfo",
     "Runtime",
+    "SecurityLayout",
     "SendInput",
     "ServiceUnavailableError",
     "SpawnInput",
@@ -111,5 +113,6 @@ __all__ = [
     "is_unavailable",
     "make_headers",
     "new_root_run",
+    "security_init",
     "unescape_token",
 ]

@@ -197,6 +197,9 @@ async def ensure_topology(
             subjects=[f"{prefix}.*.ctr.>"],
             retention=RetentionPolicy.LIMITS,
             max_age=dlq_max_age_s,
+            # Explicit: nats-py's default 0 differs from the server's 120 s, so every connection "reconciled"
+            # (updated) this stream, which a user without stream-admin rights may not do.
+            duplicate_window=min(dedupe_window_s, dlq_max_age_s),
             allow_msg_counter=True,
             **common,
         ),

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ._app import App
+from ._auth import NatsAuthError
 from ._client import Runtime
+from ._security import add_security_command
 from ._server import NatsServer
 from ._worker import Worker, WorkerConfig
 
@@ -128,6 +130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     types = sub.add_parser("types", help="list agent types, capabilities and live workers")
     _nats_option(types)
+
+    add_security_command(sub)
 
     for ep in entry_points(group="plexus.commands"):
         with contextlib.suppress(Exception):  # a broken plugin must not break the core commands
@@ -258,6 +262,11 @@ async def _dev(args: argparse.Namespace) -> None:
     server = NatsServer(store_dir=store)
     await asyncio.to_thread(server.start)
     print(f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True)
+    print(
+        "plexus dev: development mode - NATS open to every local process (no accounts, users or TLS); "
+        "a secured cluster: `plexus security init` (docs/security.md)",
+        flush=True,
+    )
     workers = [_worker_process(args.app, server.url, args.concurrency) for _ in range(args.workers)]
     print(f"plexus dev: {len(workers)} worker(s), pids {', '.join(str(w.pid) for w in workers)}", flush=True)
     for name, argv in _installed_services(server.url):
@@ -318,7 +327,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConnectionLostError as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 1
-    except CliError as exc:
+    except (CliError, NatsAuthError) as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

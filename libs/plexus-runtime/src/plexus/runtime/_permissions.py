@@ -1,0 +1,189 @@
+"""The least each Plexus role needs from NATS, as nats-server permissions (docs/security.md has the table).
+
+Roles live inside a tenant's account (tenants are separate accounts: nothing crosses between them). Within a
+tenant, writes are what the roles are told apart by: only the orchestrator publishes control decisions and
+writes run records; only workers write EventLogs, checkpoints and leases, and a worker group only those of
+its own agent types; the gateway writes sessions; a client sends to inboxes, asks the orchestrator, and
+reads progress. Reads through JetStream consumers are coarser: nats-server does not check a consumer's
+filter against its creator's subject permissions (nats-server #3295), so whoever may create a consumer on a
+stream may read all of it; each role may create consumers only on the streams it reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["ROLES", "Permissions", "role_permissions"]
+
+ROLES = ("operator", "orchestrator", "worker", "gateway", "client")
+
+# Stream administration stays with the operator (`plexus security init` prints the one command to create
+# the topology as the operator): the other roles look the topology up, they never create or change it.
+_ADMIN_DENY = [
+    "$JS.API.STREAM.CREATE.>",
+    "$JS.API.STREAM.UPDATE.>",
+    "$JS.API.STREAM.DELETE.>",
+    "$JS.API.STREAM.PURGE.>",
+    "$JS.API.STREAM.MSG.DELETE.>",
+    "$JS.API.STREAM.RESTORE.>",
+    "$JS.API.STREAM.SNAPSHOT.>",
+    "$JS.API.ACCOUNT.PURGE.>",
+]
+
+
+@dataclass
+class Permissions:
+    publish_allow: list[str] = field(default_factory=list)
+    publish_deny: list[str] = field(default_factory=list)
+    subscribe_allow: list[str] = field(default_factory=list)
+    subscribe_deny: list[str] = field(default_factory=list)
+
+
+def _lookup(streams: list[str]) -> list[str]:
+    """Find the topology, read stream messages and KV entries, and consume the given streams."""
+    out = ["$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
+    for stream in streams:
+        out += [
+            f"$JS.API.STREAM.MSG.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}",
+            f"$JS.API.DIRECT.GET.{stream}.>",
+            f"$JS.API.CONSUMER.CREATE.{stream}",
+            f"$JS.API.CONSUMER.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+            f"$JS.API.CONSUMER.INFO.{stream}.>",
+            f"$JS.API.CONSUMER.DELETE.{stream}.>",
+            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+            f"$JS.ACK.{stream}.>",
+            f"$JS.FC.{stream}.>",
+        ]
+    return out
+
+
+def role_permissions(
+    role: str, inbox: str, prefix: str = "px", agent_types: list[str] | None = None
+) -> Permissions:
+    """Permissions of `role` whose reply inbox prefix is `inbox` (``_INBOX.<name>``). For a worker,
+    `agent_types` limits its EventLog, checkpoint and lease writes to those types (None: any type)."""
+    p = prefix
+    own_inbox = f"{inbox}.>"
+    replies = "_INBOX.>"  # publishing a reply to anyone's inbox; subscribing only to one's own
+    kv = {
+        name: f"KV_plexus_{name}"
+        for name in ("checkpoints", "registry", "workers", "leases", "runs", "subscriptions", "sessions")
+    }
+    if role == "operator":
+        return Permissions(publish_allow=[">"], subscribe_allow=[">"])
+    if role == "orchestrator":
+        return Permissions(
+            publish_allow=[
+                f"{p}.*.in.>",  # a run's root message
+                f"{p}.*.ctl.>",  # cancel / pause decisions
+                f"{p}.*.ctr.>",
+                f"{p}.*.progress.>",  # its decisions, on the tree's progress subjects
+                f"{p}.*.evlog.orchestrator.>",  # its decisions' log (agent type "orchestrator")
+                "$KV.plexus_runs.>",
+                replies,
+                "$SRV.>",
+                *_lookup(
+                    [
+                        kv["runs"],
+                        kv["subscriptions"],
+                        kv["registry"],
+                        kv["workers"],
+                        "PLEXUS_COUNTERS",
+                        "PLEXUS_EVENTS",
+                        "PLEXUS_PROGRESS",
+                        "PLEXUS_INBOX",
+                        kv["leases"],
+                    ]
+                ),
+            ],
+            publish_deny=_ADMIN_DENY,
+            subscribe_allow=[own_inbox, f"{p}.*.orch.>", "$SRV.>", f"{p}.*.progress.>", f"{p}.*.ctr.>"],
+        )
+    if role == "worker":
+        types = agent_types or ["*"]
+        own_state = [
+            *(f"{p}.*.evlog.{t}.>" for t in types),
+            *(f"$KV.plexus_checkpoints.*.{t}.>" for t in types),
+            *(f"$KV.plexus_leases.*.{t}.*" for t in types),
+        ]
+        return Permissions(
+            publish_allow=[
+                f"{p}.*.in.>",
+                f"{p}.*.eph.>",
+                f"{p}.*.topic.>",
+                f"{p}.*.progress.>",
+                f"{p}.*.stream.>",
+                f"{p}.*.dlq.>",
+                f"{p}.*.ctr.>",
+                f"{p}.*.orch.>",  # spawn, finished, crashed
+                *own_state,
+                "$KV.plexus_registry.>",
+                "$KV.plexus_workers.>",
+                "$KV.plexus_subscriptions.>",
+                "$O.plexus_artifacts.>",
+                replies,
+                *_lookup(
+                    [
+                        "PLEXUS_INBOX",
+                        "PLEXUS_EVENTS",
+                        "PLEXUS_COUNTERS",
+                        "PLEXUS_PROGRESS",
+                        "OBJ_plexus_artifacts",
+                        kv["checkpoints"],
+                        kv["registry"],
+                        kv["workers"],
+                        kv["leases"],
+                        kv["runs"],
+                        kv["subscriptions"],
+                    ]
+                ),
+            ],
+            publish_deny=[*_ADMIN_DENY, f"{p}.*.ctl.>", "$KV.plexus_runs.>", "$KV.plexus_sessions.>"],
+            subscribe_allow=[own_inbox, f"{p}.*.eph.>", f"{p}.*.topic.>", f"{p}.*.ctl.>"],
+        )
+    if role == "gateway":
+        return Permissions(
+            publish_allow=[
+                f"{p}.*.in.>",
+                f"{p}.*.eph.>",
+                f"{p}.*.orch.>",
+                "$KV.plexus_sessions.>",
+                "$O.plexus_artifacts.>",
+                *_lookup(
+                    [
+                        "PLEXUS_PROGRESS",
+                        "PLEXUS_EVENTS",
+                        "PLEXUS_COUNTERS",
+                        "OBJ_plexus_artifacts",
+                        kv["sessions"],
+                        kv["registry"],
+                        kv["workers"],
+                        kv["leases"],
+                        kv["runs"],
+                    ]
+                ),
+                "$JS.API.STREAM.CREATE.KV_plexus_sessions",  # the first gateway creates its bucket
+            ],
+            publish_deny=[
+                f"{p}.*.evlog.>",
+                "$KV.plexus_checkpoints.>",
+                "$KV.plexus_leases.>",
+                "$KV.plexus_runs.>",
+                f"{p}.*.ctl.>",
+            ],
+            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>"],
+        )
+    if role == "client":
+        return Permissions(
+            publish_allow=[
+                f"{p}.*.in.>",
+                f"{p}.*.eph.>",
+                f"{p}.*.orch.>",
+                *_lookup(["PLEXUS_PROGRESS", kv["registry"], kv["workers"], kv["runs"], kv["subscriptions"]]),
+            ],
+            publish_deny=_ADMIN_DENY,
+            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>"],
+        )
+    raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")

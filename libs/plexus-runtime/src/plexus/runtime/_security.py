@@ -1,0 +1,253 @@
+"""`plexus security init`: a nats-server security config (accounts per tenant, a user per role with the
+permissions of `_permissions`, bcrypt-hashed passwords, TLS) and one environment file per identity.
+
+Output directory layout::
+
+    nats-security.conf         include it from every node's config (`include "nats-security.conf"`)
+    tls/ca.pem                 the CA clients trust (a fresh development CA made with trustme)
+    tls/server.pem, server-key.pem, tls/route.pem, route-key.pem
+    tls/<tenant>-<role>.pem/-key.pem   client certificates (with --mtls)
+    env/<tenant>/<role>.env    PLEXUS_NATS_* for that identity (mode 0600: it holds the password)
+
+Production deployments bring their own CA and certificates; the development CA is for tests and for trying
+the secured mode on one machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import secrets
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ._auth import ENV_VARS
+from ._permissions import ROLES, Permissions, role_permissions
+
+__all__ = ["SecurityLayout", "add_security_command", "security_init"]
+
+_NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
+
+
+@dataclass
+class SecurityLayout:
+    """What `security_init` wrote: paths, and per tenant and role the user name and env file."""
+
+    directory: Path
+    config: Path
+    ca: Path | None
+    server_cert: Path | None
+    server_key: Path | None
+    route_cert: Path | None
+    route_key: Path | None
+    users: dict[str, dict[str, str]] = field(default_factory=dict)  # tenant -> role -> user
+    env_files: dict[str, dict[str, Path]] = field(default_factory=dict)
+
+    def env(self, tenant: str, role: str) -> dict[str, str]:
+        """The ``PLEXUS_NATS_*`` variables of one identity."""
+        out: dict[str, str] = {}
+        for line in self.env_files[tenant][role].read_text().splitlines():
+            name, _, value = line.partition("=")
+            out[name] = json.loads(value)
+        return out
+
+
+def _check_name(kind: str, name: str) -> str:
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(f"{kind} must match {_NAME_RE.pattern}, got {name!r}")
+    return name
+
+
+def _bcrypt(password: str) -> str:
+    import bcrypt
+
+    # nats-server recognises bcrypt hashes by their "$2a$" prefix; "$2b$" is the same algorithm.
+    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(rounds=11)).decode().replace("$2b$", "$2a$", 1)
+
+
+def _list(items: list[str]) -> str:
+    return "[" + ", ".join(json.dumps(i) for i in items) + "]"
+
+
+def _permissions_block(perms: Permissions) -> str:
+    publish = f"allow: {_list(perms.publish_allow)}"
+    if perms.publish_deny:
+        publish += f", deny: {_list(perms.publish_deny)}"
+    subscribe = f"allow: {_list(perms.subscribe_allow)}"
+    if perms.subscribe_deny:
+        subscribe += f", deny: {_list(perms.subscribe_deny)}"
+    return f"{{ publish: {{ {publish} }}, subscribe: {{ {subscribe} }} }}"
+
+
+def security_init(
+    directory: Path,
+    tenants: list[str],
+    *,
+    prefix: str = "px",
+    hosts: list[str] | None = None,
+    tls: bool = True,
+    mtls: bool = False,
+    worker_types: dict[str, list[str]] | None = None,
+) -> SecurityLayout:
+    """Write the files described in the module docstring. `hosts` are the names and addresses in the
+    server certificate (default ``127.0.0.1``, ``localhost``); `worker_types` maps a tenant to the agent
+    types its workers may write the state of (default: any)."""
+    if not tenants:
+        raise ValueError("at least one tenant is needed")
+    for tenant in tenants:
+        _check_name("tenant", tenant)
+        if tenant.upper() == "SYS":
+            raise ValueError("SYS is the system account's name")
+    if len(set(tenants)) != len(tenants):
+        raise ValueError(f"tenants repeat: {tenants}")
+    if mtls and not tls:
+        raise ValueError("mTLS needs TLS")
+    directory.mkdir(parents=True, exist_ok=True)
+    layout = SecurityLayout(directory, directory / "nats-security.conf", None, None, None, None, None)
+    lines: list[str] = []
+    client_certs: dict[tuple[str, str], tuple[Path, Path]] = {}
+    if tls:
+        import trustme
+
+        tls_dir = directory / "tls"
+        tls_dir.mkdir(exist_ok=True)
+        ca = trustme.CA()
+        layout.ca = tls_dir / "ca.pem"
+        ca.cert_pem.write_to_path(str(layout.ca))
+        names = hosts or ["127.0.0.1", "localhost"]
+        for kind in ("server", "route"):
+            # Route certificates serve both ends of a route: trustme's leaf certificates carry both the
+            # serverAuth and the clientAuth usage.
+            leaf = ca.issue_cert(*names)
+            cert, key = tls_dir / f"{kind}.pem", tls_dir / f"{kind}-key.pem"
+            leaf.private_key_pem.write_to_path(str(key))
+            with cert.open("wb") as out:
+                for blob in leaf.cert_chain_pems:
+                    out.write(blob.bytes())
+            os.chmod(key, 0o600)
+            if kind == "server":
+                layout.server_cert, layout.server_key = cert, key
+            else:
+                layout.route_cert, layout.route_key = cert, key
+        verify = "\n  verify: true" if mtls else ""
+        lines.append(
+            "tls {\n"
+            f"  cert_file: {json.dumps(str(layout.server_cert))}\n"
+            f"  key_file: {json.dumps(str(layout.server_key))}\n"
+            f"  ca_file: {json.dumps(str(layout.ca))}{verify}\n"
+            "  timeout: 5\n"
+            "}"
+        )
+        if mtls:
+            for tenant in tenants:
+                for role in ROLES:
+                    leaf = ca.issue_cert(f"{tenant}-{role}.plexus.invalid")
+                    cert, key = tls_dir / f"{tenant}-{role}.pem", tls_dir / f"{tenant}-{role}-key.pem"
+                    leaf.private_key_pem.write_to_path(str(key))
+                    leaf.cert_chain_pems[0].write_to_path(str(cert))
+                    os.chmod(key, 0o600)
+                    client_certs[(tenant, role)] = (cert, key)
+    sys_password = secrets.token_urlsafe(24)
+    accounts = [f'  SYS {{ users: [ {{ user: "sys", password: {json.dumps(_bcrypt(sys_password))} }} ] }}']
+    for tenant in tenants:
+        users = []
+        layout.users[tenant] = {}
+        layout.env_files[tenant] = {}
+        env_dir = directory / "env" / tenant
+        env_dir.mkdir(parents=True, exist_ok=True)
+        for role in ROLES:
+            user = f"{tenant}-{role}"
+            password = secrets.token_urlsafe(24)
+            inbox = f"_INBOX.{tenant.replace('-', '_')}_{role}"
+            types = (worker_types or {}).get(tenant) if role == "worker" else None
+            perms = role_permissions(role, inbox, prefix, types)
+            users.append(
+                f"      {{ user: {json.dumps(user)}, password: {json.dumps(_bcrypt(password))},\n"
+                f"        permissions: {_permissions_block(perms)} }}"
+            )
+            env = {ENV_VARS["user"]: user, ENV_VARS["password"]: password, ENV_VARS["inbox_prefix"]: inbox}
+            if layout.ca is not None:
+                env[ENV_VARS["tls_ca"]] = str(layout.ca)
+            if (tenant, role) in client_certs:
+                cert, key = client_certs[(tenant, role)]
+                env[ENV_VARS["tls_cert"]], env[ENV_VARS["tls_key"]] = str(cert), str(key)
+            path = env_dir / f"{role}.env"
+            path.write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in env.items()))
+            os.chmod(path, 0o600)
+            layout.users[tenant][role] = user
+            layout.env_files[tenant][role] = path
+        accounts.append(
+            f"  {tenant} {{\n    jetstream: enabled\n    users: [\n" + "\n".join(users) + "\n    ]\n  }"
+        )
+    lines.append("system_account: SYS")
+    lines.append("accounts {\n" + "\n".join(accounts) + "\n}")
+    layout.config.write_text(
+        "# Written by `plexus security init`; see docs/security.md.\n" + "\n".join(lines) + "\n"
+    )
+    os.chmod(layout.config, 0o600)
+    return layout
+
+
+def add_security_command(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``plexus security init``."""
+    security = sub.add_parser("security", help="NATS accounts, per-role users and TLS for a secured cluster")
+    verbs = security.add_subparsers(dest="verb", required=True)
+    init = verbs.add_parser(
+        "init",
+        help="write a nats-server security config (accounts per tenant, a user per role, TLS) and an env "
+        "file per identity (see docs/security.md)",
+    )
+    init.add_argument("directory", type=Path)
+    init.add_argument(
+        "--tenant", action="append", required=True, help="a tenant (its own NATS account); repeat"
+    )
+    init.add_argument("--prefix", default="px", help="the Plexus subject prefix (default px)")
+    init.add_argument(
+        "--host", action="append", default=None, help="a name or address in the server certificate; repeat"
+    )
+    init.add_argument("--no-tls", action="store_true", help="no TLS (not for production)")
+    init.add_argument("--mtls", action="store_true", help="servers verify client certificates too")
+    init.add_argument(
+        "--worker-types",
+        action="append",
+        default=[],
+        metavar="TENANT=TYPE,TYPE",
+        help="the agent types whose state a tenant's workers may write (default: any); repeat",
+    )
+    init.set_defaults(handler=_init_command)
+
+
+def _init_command(args: argparse.Namespace) -> int:
+    worker_types: dict[str, list[str]] = {}
+    for item in args.worker_types:
+        tenant, sep, types = item.partition("=")
+        if not sep or not types:
+            print(f"plexus: error: --worker-types expects TENANT=TYPE,TYPE, got {item!r}", file=sys.stderr)
+            return 2
+        worker_types[tenant] = [_check_name("agent type", t) for t in types.split(",")]
+    try:
+        layout = security_init(
+            args.directory,
+            args.tenant,
+            prefix=args.prefix,
+            hosts=args.host,
+            tls=not args.no_tls,
+            mtls=args.mtls,
+            worker_types=worker_types,
+        )
+    except ValueError as exc:
+        print(f"plexus: error: {exc}", file=sys.stderr)
+        return 2
+    print(f'wrote {layout.config} (add `include "{layout.config.name}"` to every node\'s config)')
+    for tenant, files in layout.env_files.items():
+        for role, path in files.items():
+            print(f"  {tenant}/{role}: {path}")
+    first = args.tenant[0]
+    print(
+        "create the topology once as the operator: "
+        f"(set -a; . {layout.env_files[first]['operator']}; plexus types --nats URL)"
+    )
+    return 0
