@@ -42,6 +42,7 @@ from ._interceptors import (
     TracingInterceptor,
     UsageInput,
 )
+from ._metrics import MetricsInterceptor
 from ._outage import is_unavailable
 from ._registry import AgentTypeInfo, Registry, WorkerInfo
 from ._security import SecurityLayout, security_init
@@ -49,10 +50,12 @@ from ._server import NatsCluster, NatsServer, NatsServerError
 from ._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
 from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
 from ._supervisor import LocalSupervisor, Supervisor, new_root_run
+from ._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics_enabled
 from ._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
 from ._worker import Worker, WorkerConfig
 
 __all__ = [
+    "INSTRUMENTS",
     "WIRE_VERSION",
     "Agent",
     "AgentFactory",
@@ -74,6 +77,7 @@ __all__ = [
     "Interceptor",
     "LocalSupervisor",
     "LogRecord",
+    "MetricsInterceptor",
     "NatsAuth",
     "NatsAuthError",
     "NatsCluster",
@@ -94,6 +98,7 @@ __all__ = [
     "Subjects",
     "Subscription",
     "Supervisor",
+    "Telemetry",
     "Topology",
     "TopologyConflictError",
     "TopologyNames",
@@ -107,11 +112,13 @@ __all__ = [
     "WorkerInfo",
     "blocks_from_payload",
     "checkpoint_key",
+    "configure_telemetry",
     "encode_envelope",
     "ensure_topology",
     "escape_token",
     "is_unavailable",
     "make_headers",
+    "metrics_enabled",
     "new_root_run",
     "security_init",
     "unescape_token",

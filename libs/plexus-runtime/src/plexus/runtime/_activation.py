@@ -21,6 +21,7 @@ from plexus.core import AgentId
 
 from ._agent import Agent, AgentType
 from ._checkpoints import CheckpointStore
+from ._telemetry import INSTRUMENTS, metrics_enabled
 
 __all__ = ["Activation", "ActivationTable", "CheckpointDoc"]
 
@@ -178,6 +179,8 @@ class ActivationTable:
         )
         await agent.on_activate(agent_id)
         self._live[agent_id] = activation
+        if metrics_enabled():
+            INSTRUMENTS.activations.add(1, {"agent_type": agent_id.type})
         return activation
 
     async def save(self, activation: Activation, *, force: bool = False) -> None:
@@ -192,7 +195,8 @@ class ActivationTable:
         return [a for a in self._live.values() if a.agent_id.type == agent_type]
 
     def drop(self, agent_id: AgentId) -> None:
-        self._live.pop(agent_id, None)
+        if self._live.pop(agent_id, None) is not None and metrics_enabled():
+            INSTRUMENTS.activations.add(-1, {"agent_type": agent_id.type})
 
     def idle(self, older_than_s: float, busy: set[AgentId]) -> list[Activation]:
         now = time.monotonic()

@@ -10,6 +10,7 @@ from nats.aio.msg import Msg
 from ._artifacts import headers_size
 from ._envelope import Envelope
 from ._subjects import Subjects
+from ._telemetry import INSTRUMENTS, metrics_enabled
 
 if TYPE_CHECKING:
     from ._client import Runtime
@@ -56,4 +57,6 @@ async def dead_letter(
         log.exception("dead-lettering failed; leaving the message for redelivery")
         return False
     log.warning("dead-lettered %s: %s (%s)", msg.subject, reason, detail)
+    if metrics_enabled():
+        INSTRUMENTS.dead_letters.add(1, {"reason": reason})
     return True

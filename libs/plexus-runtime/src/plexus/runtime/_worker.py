@@ -55,6 +55,7 @@ from ._interceptors import (
     chain,
 )
 from ._leases import LeaseManager
+from ._metrics import MetricsInterceptor
 from ._orchestration import (
     CancelNotice,
     PauseNotice,
@@ -64,6 +65,7 @@ from ._partitions import PartitionOwner
 from ._registry import AgentTypeInfo
 from ._runend import RunEndReporter
 from ._subjects import checkpoint_key, escape_token
+from ._telemetry import INSTRUMENTS, metrics_enabled
 from ._upkeep import Upkeep
 from ._work import (
     ACK,
@@ -137,6 +139,7 @@ class Worker(Upkeep):
         # the tree's cancellation; retries wrap each attempt, which the deadline bounds.
         interceptors = [
             TracingInterceptor(),
+            MetricsInterceptor(),
             self._run_control,
             RetryInterceptor(self.orchestrator, self._backend.reload),
             DeadlineInterceptor(),
@@ -437,6 +440,8 @@ class Worker(Upkeep):
                     work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
                 )
             return ACK
+        if work.durable and work.msg.metadata.num_delivered > 1 and metrics_enabled():
+            INSTRUMENTS.redeliveries.add(1, {"agent_type": agent_type.name})
         if not seen and work.durable and work.msg.metadata.num_delivered > 1:
             published = work.msg.metadata.timestamp
             if published is not None and await self._committer.committed(agent_id, env.id, published):

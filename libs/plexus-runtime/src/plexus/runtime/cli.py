@@ -26,6 +26,7 @@ from ._auth import NatsAuthError
 from ._client import Runtime
 from ._security import add_security_command
 from ._server import NatsServer
+from ._telemetry import configure_telemetry
 from ._worker import Worker, WorkerConfig
 
 __all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
@@ -140,6 +141,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 async def _serve(app: App, args: argparse.Namespace) -> None:
+    telemetry = configure_telemetry("plexus-worker")
+    try:
+        await _serve_worker(app, args)
+    finally:
+        telemetry.shutdown()
+
+
+async def _serve_worker(app: App, args: argparse.Namespace) -> None:
     rt = await Runtime.connect(
         _servers(args),
         namespace=app.namespace,

@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from plexus.core import KernelError
-from plexus.runtime import Runtime
+from plexus.runtime import Runtime, configure_telemetry
 
 from . import _cli_more as more
 from ._config import GatewayConfig, hash_token
@@ -114,6 +114,7 @@ async def _serve_gateway(urls: list[str], config: GatewayConfig, host: str, port
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    configure_telemetry("plexus-gateway")
     rt = await Runtime.connect(urls, name="plexus-gateway")
     gateway = Gateway(rt, config, host=host, port=port)
     await gateway.start()

@@ -19,7 +19,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from plexus.core import AgentId, AgentProgress, AgentStep, RunEvent, RunId, TextBlock, register_message_type
-from plexus.runtime import EventLog, Subjects, escape_token
+from plexus.runtime import INSTRUMENTS, EventLog, Subjects, escape_token, metrics_enabled
 from plexus.runtime.orchestration import (
     CancelNotice,
     PauseNotice,
@@ -78,6 +78,8 @@ class Announcer:
         **metadata: Any,
     ) -> int:
         """Append ``entry`` to the tree's log and publish the matching progress event; returns the seq."""
+        if metrics_enabled():
+            INSTRUMENTS.decisions.add(1, {"decision": decision})
         subjects = self._subjects(root_namespace)
         seq = 0
         try:

@@ -11,6 +11,8 @@ import signal
 import sys
 from typing import Any
 
+from plexus.runtime import configure_telemetry
+
 from ._orchestrator import Orchestrator, OrchestratorConfig
 from ._sweeper import SweeperConfig
 
@@ -77,6 +79,7 @@ async def _serve(urls: list[str], config: OrchestratorConfig) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    telemetry = configure_telemetry("plexus-orchestrator")
     orch = await Orchestrator.connect(urls, config)
     await orch.start()
     scope = config.namespace if config.namespace is not None else "all namespaces"
@@ -98,4 +101,5 @@ async def _serve(urls: list[str], config: OrchestratorConfig) -> int:
         return 1
     print("plexus orchestrator: stopping", flush=True)
     await orch.stop()
+    telemetry.shutdown()
     return 0

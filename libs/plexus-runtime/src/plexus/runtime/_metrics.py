@@ -1,0 +1,41 @@
+"""`MetricsInterceptor`: handled messages, handler latency and tokens charged, as OpenTelemetry metrics.
+
+Records only while a metrics exporter is installed (`configure_telemetry`); otherwise each hook is one
+boolean check. The other instruments (redeliveries, dead letters, activations, orchestrator decisions) are
+recorded where those events happen; all are listed in `_telemetry.INSTRUMENTS` and docs/operations.md.
+"""
+
+from __future__ import annotations
+
+import time
+
+from plexus.core import BaseBlock
+
+from ._interceptors import HandleInput, HandleNext, Interceptor, UsageInput, UsageNext
+from ._telemetry import INSTRUMENTS, metrics_enabled
+
+__all__ = ["MetricsInterceptor"]
+
+
+class MetricsInterceptor(Interceptor):
+    """``plexus.messages`` {agent_type, outcome}, ``plexus.handler.duration`` {agent_type} and
+    ``plexus.budget.tokens`` {agent_type}."""
+
+    async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
+        if not metrics_enabled():
+            return await call_next(inp)
+        attributes = {"agent_type": inp.agent_type.name}
+        outcome = "error"
+        start = time.perf_counter()
+        try:
+            result = await call_next(inp)
+            outcome = "ok"
+            return result
+        finally:
+            INSTRUMENTS.handler_duration.record(time.perf_counter() - start, attributes)
+            INSTRUMENTS.messages.add(1, {**attributes, "outcome": outcome})
+
+    async def usage(self, inp: UsageInput, call_next: UsageNext) -> None:
+        await call_next(inp)
+        if metrics_enabled() and inp.usage.total_tokens:
+            INSTRUMENTS.budget_tokens.add(inp.usage.total_tokens, {"agent_type": inp.ctx.agent_id.type})

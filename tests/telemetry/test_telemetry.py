@@ -1,0 +1,253 @@
+"""Issue 15, item 4: traces across processes and metrics, wired by configuration only.
+
+A real `plexus worker` process and a client process, both configured by the standard OTLP environment
+variables, export to a collector on loopback that speaks OTLP/HTTP (protobuf, decoded with
+opentelemetry-proto); the worker also serves Prometheus `/metrics`. The trace of one request must be one
+tree across the two processes: client span → send → handle relay → send → handle ledger.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import urllib.request
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any
+
+import pytest
+from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest
+from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+from plexus.core import AgentId, TextBlock
+from plexus.runtime import NatsServer, Runtime, configure_telemetry
+
+REPO = Path(__file__).resolve().parents[2]
+APP = "tests.telemetry.app:app"
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Collector:
+    """Spans and metric names received over OTLP/HTTP, by service name."""
+
+    def __init__(self) -> None:
+        self.spans: list[dict[str, Any]] = []
+        self.metric_names: dict[str, set[str]] = {}
+        self.lock = threading.Lock()
+
+    def take(self, path: str, body: bytes) -> None:
+        with self.lock:
+            if path == "/v1/traces":
+                traces = ExportTraceServiceRequest.FromString(body)
+                for rs in traces.resource_spans:
+                    service = _service(rs.resource.attributes)
+                    for ss in rs.scope_spans:
+                        for span in ss.spans:
+                            self.spans.append(
+                                {
+                                    "service": service,
+                                    "name": span.name,
+                                    "trace": span.trace_id.hex(),
+                                    "id": span.span_id.hex(),
+                                    "parent": span.parent_span_id.hex(),
+                                }
+                            )
+            elif path == "/v1/metrics":
+                exported = ExportMetricsServiceRequest.FromString(body)
+                for rm in exported.resource_metrics:
+                    names = self.metric_names.setdefault(_service(rm.resource.attributes), set())
+                    for sm in rm.scope_metrics:
+                        names.update(m.name for m in sm.metrics)
+
+
+def _service(attributes: Any) -> str:
+    for kv in attributes:
+        if kv.key == "service.name":
+            return str(kv.value.string_value)
+    return ""
+
+
+@pytest.fixture
+def collector() -> Iterator[tuple[Collector, str]]:
+    store = Collector()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            store.take(self.path, body)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/x-protobuf")
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield store, f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env(endpoint: str, **extra: str) -> dict[str, str]:
+    return {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+        "OTEL_BSP_SCHEDULE_DELAY": "100",  # spans leave within 0.1 s (default 5 s)
+        "OTEL_METRIC_EXPORT_INTERVAL": "500",
+        **extra,
+    }
+
+
+def _scrape(port: int) -> str:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+        return str(resp.read().decode())
+
+
+def _value(text: str, metric: str, **labels: str) -> float:
+    """The sample of `metric` whose labels include `labels` (0 when absent)."""
+    for line in text.splitlines():
+        if not line.startswith(metric + "{"):
+            continue
+        head, _, value = line.rpartition(" ")
+        if all(f'{k}="{v}"' in head for k, v in labels.items()):
+            return float(value)
+    return 0.0
+
+
+async def test_one_trace_across_processes_and_metrics_by_configuration(
+    nats_server: NatsServer, tmp_path: Path, collector: tuple[Collector, str]
+) -> None:
+    store, endpoint = collector
+    metrics_port = _free_port()
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(  # noqa: ASYNC220 - test setup: the worker must be a real process
+        [sys.executable, "-m", "plexus.runtime.cli", "worker", APP, "--nats", nats_server.url],
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=_env(endpoint, PLEXUS_METRICS_PORT=str(metrics_port)),
+        cwd=REPO,
+    )
+    try:
+        rt = await Runtime.connect(nats_server.url)
+        try:
+            async with asyncio.timeout(30):
+                while not await rt.workers("relay"):  # noqa: ASYNC110 - another process's state
+                    await asyncio.sleep(0.1)
+            for _ in range(3):
+                await rt.send_message([TextBlock(text="x")], AgentId("ledger", "m"), timeout=30)
+        finally:
+            await rt.close()
+        client = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.telemetry.client",
+            nats_server.url,
+            "t1",
+            env=_env(endpoint),
+            cwd=REPO,
+        )
+        assert await asyncio.wait_for(client.wait(), 60) == 0
+
+        metrics = await asyncio.to_thread(_scrape, metrics_port)
+        assert _value(metrics, "plexus_messages_total", agent_type="ledger", outcome="ok") == 4.0
+        assert _value(metrics, "plexus_messages_total", agent_type="relay", outcome="ok") == 1.0
+        assert _value(metrics, "plexus_handler_duration_seconds_count", agent_type="ledger") == 4.0
+        assert _value(metrics, "plexus_activations", agent_type="ledger") == 2.0  # keys m and t1
+
+        async with asyncio.timeout(20):  # the worker's batch of spans and a metrics export arrive
+            while not (  # noqa: ASYNC110 - filled by the collector's thread
+                any(
+                    s["name"] == "plexus.handle ledger" and s["service"] == "plexus-worker"
+                    for s in store.spans
+                )
+                and "plexus.messages" in store.metric_names.get("plexus-worker", set())
+            ):
+                await asyncio.sleep(0.1)
+    finally:
+        worker.terminate()
+        worker.wait(timeout=30)
+        log.close()
+
+    root = next(s for s in store.spans if s["name"] == "client request")
+    tree = [s for s in store.spans if s["trace"] == root["trace"]]
+    by_id = {s["id"]: s for s in tree}
+
+    def path_to_root(span: dict[str, Any]) -> list[str]:
+        names = [f"{span['service']}:{span['name']}"]
+        while span["parent"] in by_id:
+            span = by_id[span["parent"]]
+            names.append(f"{span['service']}:{span['name']}")
+        return names
+
+    leaf = next(s for s in tree if s["name"] == "plexus.handle ledger")
+    assert path_to_root(leaf) == [
+        "plexus-worker:plexus.handle ledger",
+        "plexus-worker:plexus.send ledger",
+        "plexus-worker:plexus.handle relay",
+        "telemetry-test-client:plexus.send relay",
+        "telemetry-test-client:client request",
+    ]
+    assert {"plexus.handler.duration", "plexus.activations"} <= store.metric_names["plexus-worker"]
+
+
+def test_nothing_is_installed_without_configuration() -> None:
+    telemetry = configure_telemetry("idle", env={})
+    assert (telemetry.tracing, telemetry.prometheus_port, telemetry.otlp_metrics) == (False, None, False)
+
+
+def test_a_bad_metrics_port_is_refused() -> None:
+    with pytest.raises(ValueError, match="PLEXUS_METRICS_PORT must be a TCP port"):
+        configure_telemetry("bad", env={"PLEXUS_METRICS_PORT": "http"})
+
+
+_EXPORT_ALL = """
+import re, sys, urllib.request
+from plexus.runtime import INSTRUMENTS, configure_telemetry
+configure_telemetry("names", env={"PLEXUS_METRICS_PORT": sys.argv[1]})
+for name in ("messages", "redeliveries", "dead_letters", "activations", "decisions", "budget_tokens"):
+    getattr(INSTRUMENTS, name).add(1, {"k": "v"})
+INSTRUMENTS.handler_duration.record(0.1, {"k": "v"})
+text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
+print(" ".join(sorted({m.group(1) for m in re.finditer(r"^(plexus_[a-z_]+)", text, re.M)})))
+"""
+
+
+def test_the_grafana_dashboard_queries_only_metrics_plexus_exports() -> None:
+    """docs/grafana/plexus.json must not chart a metric that no longer exists (or was renamed)."""
+    import json
+    import re
+
+    done = subprocess.run(
+        [sys.executable, "-c", _EXPORT_ALL, str(_free_port())],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    exported = set(done.stdout.split())
+    dashboard = json.loads((REPO / "docs" / "grafana" / "plexus.json").read_text())
+    queried = {
+        name
+        for panel in dashboard["panels"]
+        for target in panel["targets"]
+        for name in re.findall(r"plexus_[a-z_]+", target["expr"])
+    }
+    assert len(dashboard["panels"]) >= 8
+    assert queried - exported == set(), exported
