@@ -70,6 +70,9 @@ class NatsServer:
     routes: list[str] = field(default_factory=list)
     ready_timeout: float = 15.0
     extra_config: str = ""
+    #: TLS on cluster routes: ``(cert_file, key_file, ca_file)``; route certificates need both the
+    #: serverAuth and the clientAuth usage (each node dials and accepts routes).
+    route_tls: tuple[str, str, str] | None = None
     #: Prepended to the nats-server command line, e.g. ``["ip", "netns", "exec", "h1"]`` to run the node
     #: on another (network-namespace) host; it must exec the command so that the PID stays the server's.
     command_prefix: list[str] = field(default_factory=list)
@@ -118,11 +121,18 @@ class NatsServer:
                 f'  name: "{self.cluster_name}"\n'
                 f'  listen: "{self.host}:{self.cluster_port}"\n'
                 f"  routes: [{routes}]\n"
+                f"{self._route_tls_block()}"
                 "}"
             )
         if self.extra_config:
             lines.append(self.extra_config)
         return "\n".join(lines) + "\n"
+
+    def _route_tls_block(self) -> str:
+        if self.route_tls is None:
+            return ""
+        cert, key, ca = (json.dumps(str(p)) for p in self.route_tls)
+        return f"  tls {{ cert_file: {cert}, key_file: {key}, ca_file: {ca}, verify: true, timeout: 5 }}\n"
 
     def start(self) -> NatsServer:
         if self.process is not None and self.process.poll() is None:
@@ -225,6 +235,9 @@ class NatsCluster:
     #: Fixed client / cluster ports for every node (only for nodes on different hosts); default random.
     client_port: int = -1
     cluster_port: int | None = None
+    #: Passed to every node (see `NatsServer`): e.g. a `plexus security init` config, route TLS.
+    extra_config: str = ""
+    route_tls: tuple[str, str, str] | None = None
     servers: list[NatsServer] = field(default_factory=list, init=False)
     _owns_dir: bool = field(default=False, init=False, repr=False)
 
@@ -244,6 +257,8 @@ class NatsCluster:
                 host=hosts[i],
                 port=self.client_port,
                 command_prefix=prefixes[i],
+                extra_config=self.extra_config,
+                route_tls=self.route_tls,
                 server_name=f"n{i}",
                 cluster_name="plexus",
                 cluster_port=cluster_ports[i],
