@@ -114,20 +114,28 @@ async def test_an_orchestrated_tree_completes_when_a_node_dies_mid_run(
     from tests.e2e.apps_tree import app as tree_app
 
     cluster = nats_cluster(3)
-    admin = await Runtime.connect(cluster.urls, replicas=3)
     seeds = [arg for url in cluster.urls for arg in ("--nats", url)]
     log = (tmp_path / "orchestrator.log").open("wb")
-    orch = _spawn(["orchestrator", *seeds], log)
-    # Production lease TTL (10 s): a JetStream leader election after a node loss takes seconds, and a
-    # lease must outlive it (a 3 s TTL expires during the election and every partition moves).
-    wrt = await Runtime.connect(cluster.urls, heartbeat_ttl_s=3.0)
-    worker = Worker(tree_app, wrt, WorkerConfig(heartbeat_s=0.5, ack_wait_s=5.0))
-    await worker.start()
-    worker_url = wrt.nc.connected_url
-    assert worker_url is not None
-    victim = next(s for s in cluster.servers if s.client_port == worker_url.port)
-    client = await Runtime.connect([s.url for s in cluster.servers if s is not victim])
-    try:
+    async with contextlib.AsyncExitStack() as stack:
+        # Registered before anything that can fail: a failed start must not leave the process running.
+        stack.callback(log.close)
+        orch = _spawn(["orchestrator", *seeds], log)
+        stack.callback(orch.wait, 10)
+        stack.callback(_kill, orch.pid)
+        admin = await Runtime.connect(cluster.urls, replicas=3)
+        stack.push_async_callback(admin.close)
+        # Production lease TTL (10 s): a JetStream leader election after a node loss takes seconds, and a
+        # lease must outlive it (a 3 s TTL expires during the election and every partition moves).
+        wrt = await Runtime.connect(cluster.urls, heartbeat_ttl_s=3.0)
+        stack.push_async_callback(wrt.close)
+        worker = Worker(tree_app, wrt, WorkerConfig(heartbeat_s=0.5, ack_wait_s=5.0))
+        await worker.start()
+        stack.push_async_callback(worker.stop, 5)
+        worker_url = wrt.nc.connected_url
+        assert worker_url is not None
+        victim = next(s for s in cluster.servers if s.client_port == worker_url.port)
+        client = await Runtime.connect([s.url for s in cluster.servers if s is not victim])
+        stack.push_async_callback(client.close)
         leaf = {"steps": 4, "sleep": 0.25}
         run_id = await _start_when_served(
             client, AgentId("root", "r3"), json.dumps({"children": 4, "leaf": leaf})
@@ -141,15 +149,11 @@ async def test_an_orchestrated_tree_completes_when_a_node_dies_mid_run(
             r.startswith("ok:r3-") for r in result
         )
         assert len(result) == 4
-    finally:
-        await client.close()
-        await worker.stop(drain_timeout=5)
-        await wrt.close()
-        await admin.close()
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(orch.pid, signal.SIGKILL)
-        orch.wait(10)
-        log.close()
+
+
+def _kill(pid: int) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
 
 
 async def _answered(read: Callable[[], Awaitable[T]], timeout: float = 30) -> T:
