@@ -3,35 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from pathlib import Path
-
-from plexus.runtime import Runtime
 
 from .cluster import ClusterError, LocalCluster
 
 DEFAULT_DIR = Path(__file__).resolve().parents[2] / ".cluster"
 
 
-async def _topology(seeds: list[str]) -> None:
-    rt = await Runtime.connect(seeds, replicas=3)
-    await rt.close()
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m deploy.local", description=__doc__)
-    parser.add_argument("command", choices=("up", "down", "status", "topology"))
-    parser.add_argument("seeds", nargs="*", help="topology: the NATS seed URLs")
+    parser.add_argument("command", choices=("up", "down", "status"))
     parser.add_argument(
         "--dir", type=Path, default=DEFAULT_DIR, help="state: stores, logs, PIDs (default .cluster/)"
     )
     parser.add_argument("--app", default=None, help="the workers' App as module:attribute")
     args = parser.parse_args(argv)
-    if args.command == "topology":
-        asyncio.run(_topology(args.seeds))
-        return 0
     cluster = LocalCluster(args.dir) if args.app is None else LocalCluster(args.dir, app=args.app)
     if args.command == "down":
         cluster.down()
@@ -52,6 +40,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"NATS seeds: {' '.join(seeds)}")
     print(f"dashboard: {state['dashboard']}")
     print(f"start a run: plexus runs start planner/demo 'Why durable?' --nats {seeds[0]} --watch")
+    print(f"health: {' '.join(str(url) for url in dict(state['health']).values())}")  # type: ignore[call-overload]
     print(f"logs: {args.dir}/*.log; stop with `make cluster-down`")
     return 0
 

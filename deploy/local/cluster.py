@@ -27,6 +27,16 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from deploy.spec import (
+    APP,
+    GATEWAY_PORT,
+    HEALTH_PORT,
+    METRICS_PORT,
+    NATS_CLIENT_PORT,
+    NATS_CLUSTER_PORT,
+    SERVICES,
+    STREAM_REPLICAS,
+)
 from plexus.runtime import NatsCluster
 
 from .netns import Host, Network, netns_available
@@ -34,15 +44,15 @@ from .netns import Host, Network, netns_available
 __all__ = ["APP", "GATEWAY_PORT", "NATS_CLIENT_PORT", "NATS_CLUSTER_PORT", "LocalCluster"]
 
 REPO = Path(__file__).resolve().parents[2]
-APP = "examples.research_team:app"
-NATS_CLIENT_PORT = 4222
-NATS_CLUSTER_PORT = 6222
-GATEWAY_PORT = 8470
 PLACEMENT = {
     "h1": ("n1", "orchestrator", "worker", "gateway"),
     "h2": ("n2", "orchestrator", "worker"),
     "h3": ("n3",),
 }
+
+
+_SERVICE_ENV = {service.name: service.env for service in SERVICES}
+_SERVICE_COMMAND = {service.name: service.command for service in SERVICES}
 
 
 class ClusterError(RuntimeError):
@@ -91,28 +101,42 @@ class LocalCluster:
             state["nats"] = seeds
             self._write(state)
             # The topology is created R3 once, before any service connects with its R1 defaults.
-            self._run(["python", "-m", "deploy.local", "topology", *seeds], "topology.log")
-            nats_args = [arg for url in seeds for arg in ("--nats", url)]
-            n_orch = n_worker = 0
+            topology = ["plexus", "topology", "--replicas", str(STREAM_REPLICAS)]
+            self._run([*topology, *(a for url in seeds for a in ("--nats", url))], "topology.log")
+            health: dict[str, str] = {}
+            metrics: dict[str, str] = {}
+            state["health"], state["metrics"] = health, metrics
+            counts: dict[str, int] = {}
             for label, roles in PLACEMENT.items():
                 host = placed[label]
-                for role in roles:
-                    if role == "orchestrator":
-                        n_orch += 1
-                        pids[f"orchestrator-o{n_orch}"] = self._spawn(
-                            host, ["plexus", "orchestrator", *nats_args], f"orchestrator-o{n_orch}.log"
-                        )
-                    elif role == "worker":
-                        n_worker += 1
-                        args = ["plexus", "worker", self.app, *nats_args, "--worker-id", f"w{n_worker}"]
-                        pids[f"worker-w{n_worker}"] = self._spawn(host, args, f"worker-w{n_worker}.log")
-                    elif role == "gateway":
-                        args = ["plexus", "gateway", *nats_args, "--dev", "--host", host.ip]
-                        args += ["--port", str(GATEWAY_PORT)]
-                        pids["gateway"] = self._spawn(host, args, "gateway.log")
+                services = [r for r in roles if not r.startswith("n")]
+                for slot, role in enumerate(services):
+                    counts[role] = counts.get(role, 0) + 1
+                    name = role if role == "gateway" else f"{role}-{role[0]}{counts[role]}"
+                    # The settings every deployment uses (deploy/spec.py); processes sharing a host get
+                    # the next ports, as containers or pods would not need to.
+                    env = {
+                        **_SERVICE_ENV[role],
+                        "PLEXUS_NATS": ",".join(seeds),
+                        "PLEXUS_HEALTH_HOST": host.ip,
+                        "PLEXUS_METRICS_HOST": host.ip,
+                        "PLEXUS_METRICS_PORT": str(METRICS_PORT + slot),
+                    }
+                    metrics[name] = f"http://{host.ip}:{METRICS_PORT + slot}/metrics"
+                    argv = list(_SERVICE_COMMAND[role])
+                    if role == "gateway":
+                        argv = [*argv[:2], "--dev", "--host", host.ip, "--port", str(GATEWAY_PORT)]
                         state["dashboard"] = f"http://{host.ip}:{GATEWAY_PORT}/"
+                        health[name] = f"http://{host.ip}:{GATEWAY_PORT}/readyz"
+                    else:
+                        env["PLEXUS_HEALTH_PORT"] = str(HEALTH_PORT + slot)
+                        health[name] = f"http://{host.ip}:{HEALTH_PORT + slot}/readyz"
+                    if role == "worker":
+                        argv = ["plexus", "worker", self.app, "--worker-id", f"w{counts[role]}"]
+                    pids[name] = self._spawn(host, argv, f"{name}.log", env)
             self._write(state)
             self._wait_ready(str(state["dashboard"]), timeout_s)
+            self._wait_healthy(health, timeout_s)
         except BaseException:
             self.down()
             raise
@@ -152,15 +176,35 @@ class LocalCluster:
         bin_dir = str(Path(sys.executable).parent)  # the venv's `plexus` command
         return {**os.environ, "PYTHONPATH": str(REPO), "PATH": f"{bin_dir}:{os.environ.get('PATH', '')}"}
 
-    def _spawn(self, host: Host, argv: list[str], log_name: str) -> int:
+    def _spawn(self, host: Host, argv: list[str], log_name: str, env: dict[str, str]) -> int:
         with (self.state_dir / log_name).open("ab") as log:
             proc = host.popen(
-                argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO, start_new_session=True
+                argv,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env={**self._env(), **env},
+                cwd=REPO,
+                start_new_session=True,
             )
         return proc.pid
 
+    def _wait_healthy(self, urls: dict[str, str], timeout_s: float) -> None:
+        """Every process's /readyz answers 200 (the probes a container platform would use)."""
+        deadline = time.monotonic() + timeout_s
+        waiting = dict(urls)
+        while waiting and time.monotonic() < deadline:
+            for name, url in list(waiting.items()):
+                with contextlib.suppress(OSError), urllib.request.urlopen(url, timeout=2) as resp:
+                    if resp.status == 200:
+                        del waiting[name]
+            time.sleep(0.3)
+        if waiting:
+            name = sorted(waiting)[0]
+            raise ClusterError(
+                f"{name} was not ready within {timeout_s}s: {_tail(self.state_dir / f'{name}.log')}"
+            )
+
     def _run(self, argv: list[str], log_name: str) -> None:
-        argv = [sys.executable, *argv[1:]] if argv[0] == "python" else argv
         with (self.state_dir / log_name).open("ab") as log:
             done = subprocess.run(
                 argv, stdout=log, stderr=subprocess.STDOUT, env=self._env(), cwd=REPO, check=False

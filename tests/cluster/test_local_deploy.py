@@ -46,6 +46,11 @@ def _hosts_left(prefix: str) -> list[str]:
     return [n for n in names if n.startswith(f"{prefix}-")]
 
 
+def _text(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return str(resp.read().decode())
+
+
 def _get(url: str) -> object:
     with urllib.request.urlopen(url, timeout=5) as resp:
         return json.loads(resp.read())
@@ -106,6 +111,22 @@ async def test_cluster_up_runs_a_tree_across_hosts_and_cluster_down_leaves_nothi
         finally:
             await rt.close()
         assert record.status == RunStatus.COMPLETED
+        # Every process answers its readiness probe, and its Prometheus endpoint (deploy/spec.py's settings).
+        health, metrics = state["health"], state["metrics"]
+        assert isinstance(health, dict)
+        assert isinstance(metrics, dict)
+        assert set(health) == set(metrics) == {n for n in pids if not n.startswith("nats")}
+        for name, url in health.items():
+            assert _get(url)["ready"] is True, name  # type: ignore[index]
+        scraped = {name: _text(url) for name, url in metrics.items()}
+        owned = [
+            float(line.rsplit(" ", 1)[1])
+            for name in ("worker-w1", "worker-w2")
+            for line in scraped[name].splitlines()
+            if line.startswith("plexus_partitions_owned") and 'agent_type="planner"' in line
+        ]
+        assert sum(owned) == 16  # every planner partition has exactly one owner across the two workers
+        assert "plexus_orchestrator_decisions" in scraped["orchestrator-o1"] + scraped["orchestrator-o2"]
         assert (tmp_path / "state" / "worker-w1.log").exists()
     finally:
         cluster.down()

@@ -220,9 +220,13 @@ _EXPORT_ALL = """
 import re, sys, urllib.request
 from plexus.runtime import INSTRUMENTS, configure_telemetry
 configure_telemetry("names", env={"PLEXUS_METRICS_PORT": sys.argv[1]})
-for name in ("messages", "redeliveries", "dead_letters", "activations", "decisions", "budget_tokens"):
-    getattr(INSTRUMENTS, name).add(1, {"k": "v"})
-INSTRUMENTS.handler_duration.record(0.1, {"k": "v"})
+import dataclasses
+for field in dataclasses.fields(INSTRUMENTS):  # every instrument Plexus has, whatever its kind
+    instrument = getattr(INSTRUMENTS, field.name)
+    if hasattr(instrument, "add"):
+        instrument.add(1, {"k": "v"})
+    else:
+        instrument.record(0.1, {"k": "v"})
 text = urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/metrics", timeout=5).read().decode()
 print(" ".join(sorted({m.group(1) for m in re.finditer(r"^(plexus_[a-z_]+)", text, re.M)})))
 """

@@ -30,6 +30,7 @@ from ._envelope import (
     make_headers,
 )
 from ._eventlog import EventLog, LogRecord
+from ._health import HealthServer
 from ._interceptors import (
     DeadlineInterceptor,
     Delivery,
@@ -47,6 +48,7 @@ from ._outage import is_unavailable
 from ._registry import AgentTypeInfo, Registry, WorkerInfo
 from ._security import SecurityLayout, security_init
 from ._server import NatsCluster, NatsServer, NatsServerError
+from ._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
 from ._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
 from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
 from ._supervisor import LocalSupervisor, Supervisor, new_root_run
@@ -74,6 +76,7 @@ __all__ = [
     "Envelope",
     "EventLog",
     "HandleInput",
+    "HealthServer",
     "Interceptor",
     "LocalSupervisor",
     "LogRecord",
@@ -83,6 +86,7 @@ __all__ = [
     "NatsCluster",
     "NatsServer",
     "NatsServerError",
+    "NatsSettings",
     "PayloadTooLargeError",
     "ProgressInput",
     "PublishInput",
@@ -93,6 +97,7 @@ __all__ = [
     "SecurityLayout",
     "SendInput",
     "ServiceUnavailableError",
+    "SettingsError",
     "SpawnInput",
     "SubjectTooLongError",
     "Subjects",
@@ -110,13 +115,16 @@ __all__ = [
     "Worker",
     "WorkerConfig",
     "WorkerInfo",
+    "WorkerSettings",
     "blocks_from_payload",
     "checkpoint_key",
     "configure_telemetry",
     "encode_envelope",
     "ensure_topology",
+    "env_help",
     "escape_token",
     "is_unavailable",
+    "load_settings",
     "make_headers",
     "metrics_enabled",
     "new_root_run",

@@ -24,6 +24,7 @@ from nats.js.errors import NotFoundError
 
 from ._leases import Lease, LeaseManager, plan_partitions
 from ._subjects import Subjects, consumer_name, lease_key
+from ._telemetry import INSTRUMENTS
 
 __all__ = ["PartitionOwner"]
 
@@ -333,12 +334,14 @@ class PartitionOwner:
         puller = _Puller(self.nc, self.stream, durable, p, self._on_message, self.slots, self.max_batch)
         puller.start()
         self.owned[p] = (lease, puller)
+        INSTRUMENTS.partitions_owned.add(1, {"agent_type": self.agent_type, "worker": self.worker_id})
         log.info("%s took %s partition %d", self.worker_id, self.agent_type, p)
 
     async def _drop(self, p: int, *, release: bool) -> None:
         entry = self.owned.pop(p, None)
         if entry is None:
             return
+        INSTRUMENTS.partitions_owned.add(-1, {"agent_type": self.agent_type, "worker": self.worker_id})
         lease, puller = entry
         await puller.stop()
         if release:

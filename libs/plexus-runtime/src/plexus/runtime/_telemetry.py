@@ -54,6 +54,25 @@ class _Instruments:
             "plexus.activations", unit="{activation}", description="live agent activations, by type"
         )
     )
+    partitions_owned: Any = field(
+        default_factory=lambda: _meter.create_up_down_counter(
+            "plexus.partitions.owned",
+            unit="{partition}",
+            description="inbox partitions owned, by type and worker",
+        )
+    )
+    tree_tokens: Any = field(
+        default_factory=lambda: _meter.create_histogram(
+            "plexus.run_tree.tokens", unit="{token}", description="tokens a run tree used, at its end"
+        )
+    )
+    budget_used: Any = field(
+        default_factory=lambda: _meter.create_histogram(
+            "plexus.run_tree.budget_used",
+            unit="1",
+            description="share of its ExecutionBudget a run tree used, at its end, by dimension",
+        )
+    )
     decisions: Any = field(
         default_factory=lambda: _meter.create_counter(
             "plexus.orchestrator.decisions", unit="{decision}", description="orchestrator decisions, by kind"

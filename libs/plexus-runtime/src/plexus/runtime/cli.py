@@ -24,8 +24,10 @@ from typing import Any
 from ._app import App
 from ._auth import NatsAuthError
 from ._client import Runtime
+from ._health import HealthServer
 from ._security import add_security_command
 from ._server import NatsServer
+from ._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
 from ._telemetry import configure_telemetry
 from ._worker import Worker, WorkerConfig
 
@@ -58,6 +60,12 @@ def load_object(spec: str) -> Any:
     return obj
 
 
+def _port(value: str) -> int:
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value!r}")
+    return int(value)
+
+
 def _positive(value: str) -> int:
     try:
         number = int(value)
@@ -85,8 +93,26 @@ def _nats_option(parser: argparse.ArgumentParser) -> None:
 
 
 def _servers(args: argparse.Namespace) -> list[str]:
-    urls: list[str] = args.nats or [os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")]
+    urls: list[str] = args.nats or load_settings(NatsSettings).nats
     return urls
+
+
+#: `plexus worker` flags that default to the WorkerSettings field of the same name.
+_WORKER_SETTINGS = (
+    "concurrency",
+    "replicas",
+    "ack_wait",
+    "lease_ttl",
+    "heartbeat_ttl",
+    "worker_id",
+    "health_port",
+)
+
+
+def _apply_settings(args: argparse.Namespace, settings: WorkerSettings) -> None:
+    for name in _WORKER_SETTINGS:
+        if getattr(args, name, None) is None:
+            setattr(args, name, getattr(settings, name))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -96,10 +122,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    worker = sub.add_parser("worker", help="serve an App's agent types")
+    worker = sub.add_parser(
+        "worker",
+        help="serve an App's agent types",
+        epilog=env_help(WorkerSettings),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     worker.add_argument("app", help="module:attribute of a plexus.runtime.App")
     worker.add_argument(
-        "--concurrency", type=_positive, default=64, help="handlers running at once (default 64)"
+        "--concurrency", type=_positive, default=None, help="handlers running at once (default 64)"
     )
     _nats_option(worker)
     worker.add_argument(
@@ -109,12 +140,27 @@ def build_parser() -> argparse.ArgumentParser:
         help="create/reconcile Plexus streams and buckets with this many replicas (3 on a 3-node cluster); "
         "default: create R1, leave existing ones as they are",
     )
-    worker.add_argument("--ack-wait", type=float, default=30.0, help="seconds before JetStream redelivers")
-    worker.add_argument("--lease-ttl", type=float, default=10.0, help="partition lease TTL in seconds")
+    worker.add_argument("--ack-wait", type=float, default=None, help="seconds before JetStream redelivers")
+    worker.add_argument("--lease-ttl", type=float, default=None, help="partition lease TTL in seconds")
     worker.add_argument(
-        "--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeats before a worker is dead"
+        "--heartbeat-ttl", type=float, default=None, help="seconds without heartbeats before a worker is dead"
     )
     worker.add_argument("--worker-id", default=None)
+    worker.add_argument(
+        "--health-port", type=_port, default=None, help="serve /healthz and /readyz on this port (0: any)"
+    )
+
+    topology = sub.add_parser(
+        "topology", help="create or reconcile Plexus's streams and buckets (an operator's one-off job)"
+    )
+    _nats_option(topology)
+    topology.add_argument(
+        "--replicas", type=_positive, default=1, help="stream and bucket replicas (3 on a 3-node cluster)"
+    )
+
+    probe = sub.add_parser("probe", help="GET a health URL; exit 0 on 2xx (container health checks)")
+    probe.add_argument("url", help="e.g. http://localhost:8480/readyz")
+    probe.add_argument("--timeout", type=float, default=3.0)
 
     dev = sub.add_parser("dev", help="embedded nats-server + worker(s); optional script; Ctrl-C stops all")
     dev.add_argument("app", help="module:attribute of a plexus.runtime.App")
@@ -187,16 +233,32 @@ async def _serve_worker(app: App, args: argparse.Namespace) -> None:
         if rt.nc.is_closed or rt.connection_closed.is_set():
             raise lost from None
         raise
+    stopping = False
+    health = None
+    if args.health_port is not None:
+        health = HealthServer(
+            lambda: {"nats": rt.nc.is_connected, "serving": not stopping},
+            alive=lambda: not rt.nc.is_closed,
+            host=load_settings(WorkerSettings).health_host,
+            port=args.health_port,
+        )
+        await health.start()
     print(
-        f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {', '.join(_servers(args))}",
+        f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {', '.join(_servers(args))}"
+        + (f"; health on port {health.port}" if health else ""),
         flush=True,
     )
-    if not await until_stopped(stop, rt):
-        # Nothing can be finished or released without a connection; unacked work goes to the next owner.
-        raise lost
-    print("plexus worker: stopping (finishing in-flight work)", flush=True)
-    await worker.stop()
-    await rt.close()
+    try:
+        if not await until_stopped(stop, rt):
+            # Nothing can be finished or released without a connection; unacked work goes to the next owner.
+            raise lost
+        stopping = True  # not ready: a load balancer or probe stops counting on us while we drain
+        print("plexus worker: stopping (finishing in-flight work)", flush=True)
+        await worker.stop()
+        await rt.close()
+    finally:
+        if health is not None:
+            await health.stop()
 
 
 class ConnectionLostError(CliError):
@@ -227,6 +289,36 @@ async def _types(args: argparse.Namespace) -> None:
             print(f"{info.namespace}/{info.type}\t{mode}\tcapabilities: {caps}\tworkers: {len(workers)}")
     finally:
         await rt.close()
+
+
+async def _topology(args: argparse.Namespace) -> None:
+    try:
+        rt = await Runtime.connect(_servers(args), replicas=args.replicas)
+    except (OSError, TimeoutError, NatsAuthError):
+        raise
+    except Exception as exc:  # the server's refusal (e.g. more replicas than nodes) says what is wrong
+        raise CliError(f"cannot create the topology with {args.replicas} replica(s): {exc}") from None
+    try:
+        for name, info in sorted(rt.topology.streams.items()):
+            print(f"{name}\treplicas {info.config.num_replicas}\tmessages {info.state.messages}")
+        print(f"topology ready on {', '.join(_servers(args))} with {args.replicas} replica(s)")
+    finally:
+        await rt.close()
+
+
+def _probe(args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(args.url, timeout=args.timeout) as resp:
+            print(resp.read().decode(errors="replace"))
+            return 0
+    except urllib.error.HTTPError as exc:
+        print(exc.read().decode(errors="replace"))
+    except (OSError, ValueError) as exc:
+        print(f"plexus probe: {args.url}: {exc}", file=sys.stderr)
+    return 1
 
 
 def _worker_process(app_spec: str, url: str, concurrency: int) -> subprocess.Popen[bytes]:
@@ -323,11 +415,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             app = load_object(args.app)
             if not isinstance(app, App):
                 raise CliError(f"{args.app} is a {type(app).__name__}, not a plexus.runtime.App")
+            _apply_settings(args, load_settings(WorkerSettings))
             asyncio.run(_serve(app, args))
         elif args.command == "dev":
             asyncio.run(_dev(args))
         elif args.command == "types":
             asyncio.run(_types(args))
+        elif args.command == "topology":
+            asyncio.run(_topology(args))
+        elif args.command == "probe":
+            return _probe(args)
         else:
             handler = getattr(args, "handler", None)
             if handler is None:
@@ -336,7 +433,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConnectionLostError as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 1
-    except (CliError, NatsAuthError) as exc:
+    except (CliError, NatsAuthError, SettingsError) as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

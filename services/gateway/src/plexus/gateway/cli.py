@@ -10,10 +10,10 @@ import signal
 import sys
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from plexus.core import KernelError
-from plexus.runtime import Runtime, configure_telemetry
+from plexus.runtime import NatsSettings, Runtime, SettingsError, configure_telemetry, env_help, load_settings
 
 from . import _cli_more as more
 from ._config import GatewayConfig, hash_token
@@ -50,8 +50,18 @@ def _nats_arg(parser: argparse.ArgumentParser) -> None:
     )
 
 
+class GatewaySettings(NatsSettings):
+    """``plexus gateway``'s environment (flags of the same name win)."""
+
+    gateway_port: int = Field(default=8470, ge=0, le=65535, description="HTTP port (0: any free port)")
+    gateway_host: str = Field(default="127.0.0.1", description="HTTP address (0.0.0.0 in a container)")
+    gateway_token_hashes: str = Field(
+        default="", description="accepted bearer tokens as sha256:<hex>, comma-separated"
+    )
+
+
 def _urls(args: argparse.Namespace) -> list[str]:
-    return list(args.nats or [os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")])
+    return list(args.nats or load_settings(NatsSettings).nats)
 
 
 # -- plexus gateway ---------------------------------------------------------------------------------------
@@ -63,10 +73,15 @@ def dev_command(nats_url: str) -> list[str]:
 
 
 def register_gateway(sub: Any) -> None:
-    parser = sub.add_parser("gateway", help="serve the HTTP + SSE API and the dashboard")
+    parser = sub.add_parser(
+        "gateway",
+        help="serve the HTTP + SSE API and the dashboard",
+        epilog=env_help(GatewaySettings),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _nats_arg(parser)
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8470)
+    parser.add_argument("--host", default=None, help="HTTP address (default 127.0.0.1)")
+    parser.add_argument("--port", type=int, default=None, help="HTTP port (default 8470)")
     parser.add_argument(
         "--token-hash",
         action="append",
@@ -87,8 +102,13 @@ def _run_gateway(args: argparse.Namespace) -> int:
     if args.hash_token is not None:
         print(hash_token(args.hash_token))
         return 0
+    try:
+        settings = load_settings(GatewaySettings)
+    except SettingsError as exc:
+        print(f"plexus gateway: error: {exc}", file=sys.stderr)
+        return 2
     hashes = list(args.token_hash or [])
-    hashes += [h for h in os.environ.get("PLEXUS_GATEWAY_TOKEN_HASHES", "").split(",") if h]
+    hashes += [h.strip() for h in settings.gateway_token_hashes.split(",") if h.strip()]
     try:
         config = GatewayConfig(
             token_hashes=frozenset(hashes),
@@ -106,7 +126,9 @@ def _run_gateway(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    return asyncio.run(_serve_gateway(_urls(args), config, args.host, args.port))
+    host = args.host if args.host is not None else settings.gateway_host
+    port = args.port if args.port is not None else settings.gateway_port
+    return asyncio.run(_serve_gateway(list(args.nats or settings.nats), config, host, port))
 
 
 async def _serve_gateway(urls: list[str], config: GatewayConfig, host: str, port: int) -> int:

@@ -29,6 +29,7 @@ from plexus.core import (
     RunFailed,
     RunId,
 )
+from plexus.runtime import INSTRUMENTS, metrics_enabled
 from plexus.runtime.orchestration import (
     TERMINAL,
     RunRecord,
@@ -173,6 +174,8 @@ class EngineCore:
         changed = await self.store.update_run(root_id, lambda rec: apply_ending(rec, ending))
         if not changed.written:
             return False
+        if metrics_enabled():
+            _record_budget_use(changed.record, ending)
         await self.close_tree(changed.record, ending.decision)
         return True
 
@@ -257,3 +260,18 @@ def clear_slots(tree: TreeRecord) -> bool:
         return False
     tree.active = {}
     return True
+
+
+def _record_budget_use(root: RunRecord, ending: Ending) -> None:
+    """Budget use per run tree: tokens used, and the share of each budgeted dimension, when it ends."""
+    attributes = {"agent_type": root.agent_id.split("/", 1)[0], "decision": ending.decision}
+    INSTRUMENTS.tree_tokens.record(ending.usage.tokens, attributes)
+    budget = root.budget or {}
+    used = {
+        "tokens": (ending.usage.tokens, budget.get("max_tokens")),
+        "cost": (ending.usage.cost_micros / 1e6, budget.get("max_cost_usd")),
+        "turns": (ending.usage.turns, budget.get("max_turns")),
+    }
+    for dimension, (value, limit) in used.items():
+        if isinstance(limit, int | float) and limit > 0:
+            INSTRUMENTS.budget_used.record(value / limit, {**attributes, "dimension": dimension})

@@ -6,12 +6,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
-import os
 import signal
 import sys
 from typing import Any
 
-from plexus.runtime import configure_telemetry
+from pydantic import Field
+
+from plexus.runtime import (
+    HealthServer,
+    NatsSettings,
+    SettingsError,
+    configure_telemetry,
+    env_help,
+    load_settings,
+)
 
 from ._orchestrator import Orchestrator, OrchestratorConfig
 from ._sweeper import SweeperConfig
@@ -37,6 +45,18 @@ def _positive_float(value: str) -> float:
     return number
 
 
+class OrchestratorSettings(NatsSettings):
+    """``plexus orchestrator``'s environment (flags of the same name win)."""
+
+    namespace: str | None = Field(default=None, description="serve only this namespace (default: all)")
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or int(value) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value!r}")
+    return int(value)
+
+
 def dev_command(nats_url: str) -> list[str]:
     """`plexus dev`'s argv for one local orchestrator replica (entry point group ``plexus.dev``)."""
     return ["orchestrator", "--nats", nats_url]
@@ -45,7 +65,10 @@ def dev_command(nats_url: str) -> list[str]:
 def register(sub: Any) -> None:
     """Add the ``orchestrator`` subcommand to the ``plexus`` parser's subparsers."""
     parser = sub.add_parser(
-        "orchestrator", help="run an orchestrator replica (run trees, budgets, spawn slots)"
+        "orchestrator",
+        help="run an orchestrator replica (run trees, budgets, spawn slots)",
+        epilog=env_help(OrchestratorSettings),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument(
         "--nats",
@@ -60,21 +83,32 @@ def register(sub: Any) -> None:
         "--partitions", type=int, default=16, help="inbox partitions, used only if the topology is missing"
     )
     parser.add_argument("--tick", type=_positive_float, default=0.1, help="sweeper period in seconds")
+    parser.add_argument(
+        "--health-port", type=_port, default=None, help="serve /healthz and /readyz on this port (0: any)"
+    )
     parser.set_defaults(handler=run)
 
 
 def run(args: argparse.Namespace) -> int:
-    urls = args.nats or [os.environ.get("PLEXUS_NATS", "nats://127.0.0.1:4222")]
+    try:
+        settings = load_settings(OrchestratorSettings)
+    except SettingsError as exc:
+        print(f"plexus orchestrator: error: {exc}", file=sys.stderr)
+        return 2
+    urls = args.nats or settings.nats
+    health_port = args.health_port if args.health_port is not None else settings.health_port
     config = OrchestratorConfig(
         prefix=args.prefix,
-        namespace=args.namespace,
+        namespace=args.namespace if args.namespace is not None else settings.namespace,
         partitions=args.partitions,
         sweeper=SweeperConfig(tick_s=args.tick),
     )
-    return asyncio.run(_serve(urls, config))
+    return asyncio.run(_serve(urls, config, health_port, settings.health_host))
 
 
-async def _serve(urls: list[str], config: OrchestratorConfig) -> int:
+async def _serve(
+    urls: list[str], config: OrchestratorConfig, health_port: int | None, health_host: str
+) -> int:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -82,8 +116,22 @@ async def _serve(urls: list[str], config: OrchestratorConfig) -> int:
     telemetry = configure_telemetry("plexus-orchestrator")
     orch = await Orchestrator.connect(urls, config)
     await orch.start()
+    stopping = False
+    health = None
+    if health_port is not None:
+        health = HealthServer(
+            lambda: {"nats": orch.nc.is_connected, "serving": not stopping},
+            alive=lambda: not orch.nc.is_closed,
+            host=health_host,
+            port=health_port,
+        )
+        await health.start()
     scope = config.namespace if config.namespace is not None else "all namespaces"
-    print(f"plexus orchestrator {orch.id} serving {scope} on {', '.join(urls)}", flush=True)
+    print(
+        f"plexus orchestrator {orch.id} serving {scope} on {', '.join(urls)}"
+        + (f"; health on port {health.port}" if health else ""),
+        flush=True,
+    )
     waits = {asyncio.ensure_future(stop.wait()), asyncio.ensure_future(orch.connection_closed.wait())}
     try:
         await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
@@ -99,7 +147,10 @@ async def _serve(urls: list[str], config: OrchestratorConfig) -> int:
             flush=True,
         )
         return 1
+    stopping = True
     print("plexus orchestrator: stopping", flush=True)
     await orch.stop()
+    if health is not None:
+        await health.stop()
     telemetry.shutdown()
     return 0
