@@ -19,3 +19,9 @@ class Ledger(Agent):
 class Relay(Agent):
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         return await ctx.send(blocks, AgentId("ledger", ctx.agent_id.key), timeout=30)
+
+
+@app.agent("lead", description="spawns ledger/<its key> as a child run and returns its answer")
+class Lead(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        return await ctx.spawn(AgentId("ledger", f"{ctx.agent_id.key}-child"), blocks, timeout=30)

@@ -255,3 +255,109 @@ def test_the_grafana_dashboard_queries_only_metrics_plexus_exports() -> None:
     }
     assert len(dashboard["panels"]) >= 8
     assert queried - exported == set(), exported
+
+
+def _render(tree: list[dict[str, Any]]) -> str:
+    """The trace as an indented list of `service: span` lines, children under their parents."""
+    children: dict[str, list[dict[str, Any]]] = {}
+    for span in tree:
+        children.setdefault(span["parent"], []).append(span)
+    ids = {s["id"] for s in tree}
+    lines: list[str] = []
+
+    def walk(span: dict[str, Any], depth: int) -> None:
+        lines.append(f"{'  ' * depth}{span['service']}: {span['name']}")
+        for child in children.get(span["id"], []):
+            walk(child, depth + 1)
+
+    for top in [s for s in tree if s["parent"] not in ids]:
+        walk(top, 0)
+    return "\n".join(lines)
+
+
+async def test_a_run_tree_is_one_trace_through_the_orchestrator(
+    nats_server: NatsServer, tmp_path: Path, collector: tuple[Collector, str]
+) -> None:
+    """client → orchestrator start → decision → root handler → spawn request → orchestrator spawn →
+    decision → child's inbox → child handler → its end reported → orchestrator finished → decision."""
+    store, endpoint = collector
+    procs = []
+    try:
+        for name, argv in (
+            ("orchestrator", ["orchestrator", "--nats", nats_server.url]),
+            ("worker", ["worker", APP, "--nats", nats_server.url]),
+        ):
+            procs.append(
+                subprocess.Popen(  # noqa: ASYNC220 - test setup: real processes
+                    [sys.executable, "-m", "plexus.runtime.cli", *argv],
+                    stdout=(tmp_path / f"{name}.log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                    env=_env(endpoint),
+                    cwd=REPO,
+                )
+            )
+        rt = await Runtime.connect(nats_server.url)
+        try:
+            async with asyncio.timeout(30):
+                while not await rt.workers("lead"):  # noqa: ASYNC110 - another process's state
+                    await asyncio.sleep(0.1)
+        finally:
+            await rt.close()
+        client = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "tests.telemetry.client",
+            nats_server.url,
+            "tree1",
+            "tree",
+            env=_env(endpoint),
+            cwd=REPO,
+        )
+        assert await asyncio.wait_for(client.wait(), 60) == 0
+
+        def decided(name: str) -> int:
+            return sum(s["name"] == f"plexus.decision {name}" for s in store.spans)
+
+        async with asyncio.timeout(20):  # the orchestrator's and the worker's span batches arrive
+            while not (  # noqa: ASYNC110 - filled by the collector's thread
+                decided("completed") == 2 and any(s["name"] == "plexus.handle ledger" for s in store.spans)
+            ):
+                await asyncio.sleep(0.1)
+    finally:
+        for proc in procs:
+            proc.terminate()
+            proc.wait(timeout=30)
+
+    root = next(s for s in store.spans if s["name"] == "client request")
+    tree = [s for s in store.spans if s["trace"] == root["trace"]]
+    by_id = {s["id"]: s for s in tree}
+    print("\n" + _render(tree))
+
+    def path_to_root(span: dict[str, Any]) -> list[str]:
+        names = [f"{span['service']}:{span['name']}"]
+        while span["parent"] in by_id:
+            span = by_id[span["parent"]]
+            names.append(f"{span['service']}:{span['name']}")
+        return names
+
+    child = next(s for s in tree if s["name"] == "plexus.handle ledger")
+    assert path_to_root(child) == [
+        "plexus-worker:plexus.handle ledger",
+        "plexus-worker:plexus.send ledger",
+        "plexus-worker:plexus.handle lead",
+        "plexus-orchestrator:plexus.orchestrator start",
+        "telemetry-test-client:plexus.orchestrator.call start",
+        "telemetry-test-client:client request",
+    ]
+    spawned = next(s for s in tree if s["name"] == "plexus.decision spawned")
+    assert path_to_root(spawned)[:4] == [
+        "plexus-orchestrator:plexus.decision spawned",
+        "plexus-orchestrator:plexus.orchestrator spawn",
+        "plexus-worker:plexus.orchestrator.call spawn",
+        "plexus-worker:plexus.handle lead",
+    ]
+    completed = [path_to_root(s) for s in tree if s["name"] == "plexus.decision completed"]
+    # Both runs' ends are decisions in the trace: the child's reported from inside the root's handler,
+    # the root's after its handler returned.
+    assert len(completed) == 2, _render(tree)
+    assert all(p[1] == "plexus-orchestrator:plexus.orchestrator finished" for p in completed)

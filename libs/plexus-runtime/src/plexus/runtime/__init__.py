@@ -52,7 +52,7 @@ from ._settings import NatsSettings, SettingsError, WorkerSettings, env_help, lo
 from ._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
 from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
 from ._supervisor import LocalSupervisor, Supervisor, new_root_run
-from ._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics_enabled
+from ._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics_enabled, trace_headers
 from ._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
 from ._worker import Worker, WorkerConfig
 
@@ -129,5 +129,6 @@ __all__ = [
     "metrics_enabled",
     "new_root_run",
     "security_init",
+    "trace_headers",
     "unescape_token",
 ]

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import msgspec
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
+from opentelemetry import trace
 
 from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, KernelError, RunId, Usage
 
@@ -36,6 +37,7 @@ from ._orchestration import (
 )
 from ._subjects import escape_token
 from ._supervisor import LocalSupervisor
+from ._telemetry import trace_headers
 
 if TYPE_CHECKING:
     from ._connection import Connection
@@ -58,6 +60,9 @@ class ServiceUnavailableError(KernelError):
         super().__init__(f"no {service} instance answered; is it running?")
 
 
+_tracer = trace.get_tracer("plexus.runtime")
+
+
 class OrchestratorClient:
     """Typed requests to the orchestrator's micro-service endpoints."""
 
@@ -70,6 +75,13 @@ class OrchestratorClient:
     FIRST_ATTEMPT_S = 0.5
 
     async def call(self, verb: str, body: Any, reply_type: type[R], namespace: str | None = None) -> R:
+        """One request, traced: the orchestrator's span and the decisions it makes join the caller's trace."""
+        with _tracer.start_as_current_span(f"plexus.orchestrator.call {verb}", kind=trace.SpanKind.CLIENT):
+            return await self._call(verb, body, reply_type, namespace, trace_headers() or None)
+
+    async def _call(
+        self, verb: str, body: Any, reply_type: type[R], namespace: str | None, headers: dict[str, str] | None
+    ) -> R:
         """One request; retried while no replica answers (every request is idempotent: ids are chosen by
         the caller), so losing one orchestrator replica mid-request costs a short retry, not the request
         (nor the full timeout: attempts wait 0.5 s, 1 s, 2 s, … up to `timeout_s`)."""
@@ -81,7 +93,9 @@ class OrchestratorClient:
         while True:
             remaining = deadline - time.monotonic()
             try:
-                msg = await self.rt.nc.request(subject, data, timeout=max(min(wait, remaining), 0.05))
+                msg = await self.rt.nc.request(
+                    subject, data, timeout=max(min(wait, remaining), 0.05), headers=headers
+                )
             except NoRespondersError:
                 if time.monotonic() >= deadline:
                     raise ServiceUnavailableError("orchestrator") from None

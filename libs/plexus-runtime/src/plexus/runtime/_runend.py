@@ -13,6 +13,9 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Literal
 
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
+
 from plexus.core import KernelError
 
 from ._cluster import OrchestratorClient
@@ -58,6 +61,8 @@ class RunEndReporter:
             error=reply.error,
             awaiting=list(reply.awaiting or []) if reply.ok else [],
         )
+        # The report joins the trace the message came with (its handler's span has ended by now).
+        token = otel_context.attach(propagate.extract(dict(work.msg.headers or {})))
         try:
             await self.orchestrator.call("finished", report, dict, namespace=self.namespace)
         except (RunNotFoundError, InvalidRunRequest, RunStateError) as exc:
@@ -68,4 +73,6 @@ class RunEndReporter:
         except KernelError as exc:  # no replica answered, or one failed: the report may succeed later
             log.warning("could not report the end of run %s (will retry on redelivery): %s", run.run_id, exc)
             return False
+        finally:
+            otel_context.detach(token)
         return True

@@ -20,9 +20,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from opentelemetry import metrics, trace
+from opentelemetry import metrics, propagate, trace
 
-__all__ = ["INSTRUMENTS", "Telemetry", "configure_telemetry", "metrics_enabled"]
+__all__ = ["INSTRUMENTS", "Telemetry", "configure_telemetry", "metrics_enabled", "trace_headers"]
 
 _meter = metrics.get_meter("plexus")
 
@@ -87,6 +87,13 @@ class _Instruments:
 
 INSTRUMENTS = _Instruments()
 _enabled = False
+
+
+def trace_headers() -> dict[str, str]:
+    """The current trace context as NATS headers (W3C ``traceparent``...); empty when there is none."""
+    carrier: dict[str, str] = {}
+    propagate.inject(carrier)
+    return carrier
 
 
 def metrics_enabled() -> bool:

@@ -16,7 +16,7 @@ import time
 import msgspec
 
 from plexus.core import AgentStep, RunId, RunSuspended, content_block_to_dict
-from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers
+from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers, trace_headers
 from plexus.runtime.orchestration import (
     TERMINAL,
     ApproveRequest,
@@ -98,7 +98,7 @@ class Approvals(EngineCore):
         # Delivered first, recorded second: a failure between them leaves the decision open to a retry,
         # whose message the inbox stream drops as a duplicate.
         subject = Subjects(namespace=agent.namespace, prefix=self.config.prefix).inbox(agent.type, agent.key)
-        await self.js.publish(subject, encode_envelope(env), headers=make_headers(env))
+        await self.js.publish(subject, encode_envelope(env), headers=make_headers(env, trace_headers()))
 
         def decide(rec: RunRecord) -> bool:
             if rec.status != RunStatus.AWAITING_APPROVAL or decision_id not in rec.awaiting:

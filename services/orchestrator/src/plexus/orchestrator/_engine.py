@@ -28,7 +28,7 @@ from plexus.core import (
     SpawnBudget,
     SpawnDenied,
 )
-from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers
+from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers, trace_headers
 from plexus.runtime.orchestration import (
     TERMINAL,
     CancelRequest,
@@ -185,7 +185,8 @@ class Engine(Approvals):
             deadline=record.deadline,
         )
         subject = Subjects(namespace=agent.namespace, prefix=self.config.prefix).inbox(agent.type, agent.key)
-        await self.js.publish(subject, encode_envelope(env), headers=make_headers(env))
+        # The root's handler joins the trace of the request that started the run.
+        await self.js.publish(subject, encode_envelope(env), headers=make_headers(env, trace_headers()))
 
         def running(rec: RunRecord) -> bool:
             if rec.status != RunStatus.PENDING or rec.attempts != 0:

@@ -17,6 +17,7 @@ from typing import Any, Literal
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
+from opentelemetry import trace
 
 from plexus.core import AgentId, AgentProgress, AgentStep, RunEvent, RunId, TextBlock, register_message_type
 from plexus.runtime import INSTRUMENTS, EventLog, Subjects, escape_token, metrics_enabled
@@ -31,6 +32,7 @@ from plexus.runtime.orchestration import (
 __all__ = ["ORCHESTRATOR_TYPE", "Announcer", "RunDecision", "namespace_of"]
 
 log = logging.getLogger("plexus.orchestrator")
+_tracer = trace.get_tracer("plexus.orchestrator")
 
 #: The agent type the orchestrator's log and progress subjects use (``orchestrator/<run>``).
 ORCHESTRATOR_TYPE = "orchestrator"
@@ -78,6 +80,22 @@ class Announcer:
         **metadata: Any,
     ) -> int:
         """Append ``entry`` to the tree's log and publish the matching progress event; returns the seq."""
+        with _tracer.start_as_current_span(
+            f"plexus.decision {decision}",
+            attributes={"plexus.run_id": record.run_id, "plexus.agent_id": record.agent_id},
+        ):
+            return await self._decision(record, root_namespace, decision, entry, step, text, **metadata)
+
+    async def _decision(
+        self,
+        record: RunRecord,
+        root_namespace: str,
+        decision: str,
+        entry: RunEvent,
+        step: AgentStep,
+        text: str,
+        **metadata: Any,
+    ) -> int:
         if metrics_enabled():
             INSTRUMENTS.decisions.add(1, {"decision": decision})
         subjects = self._subjects(root_namespace)

@@ -21,6 +21,7 @@ from nats.aio.client import Client as NATS
 from nats.micro import add_service
 from nats.micro.request import Request
 from nats.micro.service import EndpointStats, Service
+from opentelemetry import propagate, trace
 
 from plexus.core import (
     BudgetExhaustedError,
@@ -73,6 +74,9 @@ def error_code(error: KernelError) -> str:
         if isinstance(error, kind):
             return code
     return "500"
+
+
+_tracer = trace.get_tracer("plexus.orchestrator")
 
 
 class OrchestratorService:
@@ -129,6 +133,15 @@ class OrchestratorService:
         self, verb: str, kind: type[Any], call: Callable[[Any], Awaitable[Any]]
     ) -> Callable[[Request], Awaitable[None]]:
         async def handle(request: Request) -> None:
+            # The caller's trace context (OrchestratorClient sends it): this request and the decisions it
+            # makes are spans of the run tree's trace.
+            parent = propagate.extract(dict(request.headers or {}))
+            with _tracer.start_as_current_span(
+                f"plexus.orchestrator {verb}", context=parent, kind=trace.SpanKind.SERVER
+            ):
+                await serve(request)
+
+        async def serve(request: Request) -> None:
             try:
                 body = decode_request(verb, request.data, kind)
                 result = await call(body)
