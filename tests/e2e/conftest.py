@@ -1,4 +1,8 @@
-"""Fixtures for whole-system tests: real nats-server, worker processes and orchestrator processes."""
+"""Fixtures for whole-system tests: real nats-server, worker processes and orchestrator processes.
+
+The suite runs under the secured configuration of `plexus security init` (issue 14): TLS, an account for
+the tenant, and each process connected as its role's least-privileged user (tests/security/seeds.py); a
+permissions violation anywhere fails the test at teardown."""
 
 from __future__ import annotations
 
@@ -7,13 +11,14 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 from plexus.runtime import NatsServer
 from tests.runtime.conftest import REPO, runtime, worker_process
+from tests.security.seeds import SecuredSeed, identity_env, secured_seed
 
 __all__ = ["OrchestratorProcess", "orchestrator_process", "runtime", "worker_process"]
 
@@ -25,6 +30,18 @@ collect_ignore = ["test_orchestrated_runs.py"]
 
 
 @pytest.fixture
+async def nats_server(tmp_path: Path) -> AsyncIterator[SecuredSeed]:
+    seed = await secured_seed(tmp_path, 1)
+    try:
+        yield seed
+        assert seed.violations() == [], "a role did something its permissions do not allow"
+    finally:
+        for server in seed.servers:
+            server.kill()
+            server.cleanup()
+
+
+@pytest.fixture
 def orchestrator_process(nats_server: NatsServer, tmp_path: Path) -> Iterator[OrchestratorProcess]:
     """Start `plexus orchestrator` as a real process (killed by PID at teardown)."""
     procs: list[subprocess.Popen[bytes]] = []
@@ -32,7 +49,7 @@ def orchestrator_process(nats_server: NatsServer, tmp_path: Path) -> Iterator[Or
     def start(*args: str) -> subprocess.Popen[bytes]:
         log = (tmp_path / f"orchestrator{len(procs)}.log").open("wb")
         cmd = [sys.executable, "-m", "plexus.runtime.cli", "orchestrator", "--nats", nats_server.url, *args]
-        env = {**os.environ, "PYTHONPATH": str(REPO)}
+        env = {**os.environ, "PYTHONPATH": str(REPO), **identity_env(nats_server, "orchestrator")}
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
         procs.append(proc)
         return proc

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
+from tests.security.seeds import identity_auth, identity_env
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -23,7 +24,13 @@ LEASE_TTL_S = 3.0
 
 @pytest.fixture
 async def runtime(nats_server: NatsServer) -> AsyncIterator[Runtime]:
-    rt = await Runtime.connect(nats_server.url, heartbeat_ttl_s=HEARTBEAT_TTL_S, lease_ttl_s=LEASE_TTL_S)
+    # On a secured seed the test's own connection, which inspects internals, is the operator's.
+    rt = await Runtime.connect(
+        nats_server.url,
+        heartbeat_ttl_s=HEARTBEAT_TTL_S,
+        lease_ttl_s=LEASE_TTL_S,
+        auth=identity_auth(nats_server, "operator"),
+    )
     try:
         yield rt
     finally:
@@ -40,7 +47,11 @@ async def start_worker(nats_server: NatsServer) -> AsyncIterator[StartWorker]:
 
     async def start(app: App, **config: object) -> Worker:
         rt = await Runtime.connect(
-            nats_server.url, namespace=app.namespace, heartbeat_ttl_s=HEARTBEAT_TTL_S, lease_ttl_s=LEASE_TTL_S
+            nats_server.url,
+            namespace=app.namespace,
+            heartbeat_ttl_s=HEARTBEAT_TTL_S,
+            lease_ttl_s=LEASE_TTL_S,
+            auth=identity_auth(nats_server, "worker"),
         )
         options: dict[str, object] = {"lease_ttl_s": 3.0, "heartbeat_s": 0.5, "ack_wait_s": 5.0}
         options.update(config)
@@ -71,7 +82,12 @@ def worker_process(nats_server: NatsServer, tmp_path: Path) -> Iterator[WorkerPr
         log = (tmp_path / f"worker{len(procs)}.log").open("wb")
         cmd = [sys.executable, "-m", "plexus.runtime.cli", "worker", app_spec, "--nats", nats_server.url]
         cmd += ["--lease-ttl", "3", "--ack-wait", "5", *args]
-        full_env = {**os.environ, "PYTHONPATH": str(REPO), **(env or {})}
+        full_env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            **identity_env(nats_server, "worker"),
+            **(env or {}),
+        }
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=REPO)
         procs.append(proc)
         return proc

@@ -13,6 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy
 
+from plexus.runtime import App, Runtime, Worker, WorkerConfig
 from plexus.runtime._server import NatsServer
 from plexus.runtime._subjects import inbox_partition, unescape_token
 from plexus.runtime._topology import (
@@ -180,18 +181,41 @@ async def test_concurrent_calls_from_several_processes(nats_server: NatsServer) 
         assert out.strip() == b"16"
 
 
-async def test_compatible_changes_are_applied(js: JetStreamContext) -> None:
+async def test_compatible_changes_are_applied_by_the_operator(js: JetStreamContext) -> None:
+    """Naming `replicas` is the operator's reconcile (`plexus topology`): it changes an existing topology."""
     await ensure_topology(js)
     topo = await ensure_topology(
-        js, progress_max_age_s=7200, workers_ttl_s=5, leases_ttl_s=3, dedupe_window_s=60
+        js, progress_max_age_s=7200, workers_ttl_s=5, leases_ttl_s=3, dedupe_window_s=60, replicas=1
     )
     assert (await js.stream_info("PLEXUS_PROGRESS")).config.max_age == 7200
     assert (await js.stream_info("PLEXUS_INBOX")).config.duplicate_window == 60
     assert (await topo.workers.status()).ttl == 5
     assert (await topo.leases.status()).ttl == 3
+    assert (topo.workers_ttl_s, topo.leases_ttl_s) == (5, 3)
     # Growing the TTL back past the old duplicate window works too (the window follows the TTL).
-    topo = await ensure_topology(js, workers_ttl_s=300)
+    topo = await ensure_topology(js, workers_ttl_s=300, replicas=1)
     assert (await topo.workers.status()).ttl == 300
+
+
+async def test_other_processes_adopt_the_existing_topology(js: JetStreamContext) -> None:
+    """A worker or client asking for other TTLs neither changes them (it may not have the rights, and two
+    processes would flip them under each other's leases) nor times its leases by its own wish."""
+    await ensure_topology(js, workers_ttl_s=5, leases_ttl_s=3)
+    topo = await ensure_topology(js, workers_ttl_s=20, leases_ttl_s=30, progress_max_age_s=60)
+    assert (await topo.leases.status()).ttl == 3
+    assert (await js.stream_info("PLEXUS_PROGRESS")).config.max_age == 3600
+    assert (topo.workers_ttl_s, topo.leases_ttl_s) == (5, 3)
+
+
+async def test_a_worker_times_its_leases_by_the_buckets_ttl(nats_server: NatsServer) -> None:
+    creator = await Runtime.connect(nats_server.url, lease_ttl_s=4)
+    late = await Runtime.connect(nats_server.url, lease_ttl_s=30)
+    try:
+        worker = Worker(App(), late, WorkerConfig(lease_ttl_s=30))
+        assert worker.config.lease_ttl_s == 4
+    finally:
+        await late.close()
+        await creator.close()
 
 
 async def test_changing_the_partition_count_needs_consent(js: JetStreamContext) -> None:

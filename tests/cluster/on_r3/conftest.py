@@ -1,11 +1,13 @@
 """The e2e suite (orchestrated runs) and the core failover tests again, on a 3-node JetStream cluster with
-R3 streams and buckets (issue 13, item 1).
+R3 streams and buckets (issue 13, item 1), secured as in production (issue 14): TLS for clients and routes,
+the tenant's account, every process as its role's least-privileged user (tests/security/seeds.py).
 
-`nats_server` is overridden here: it starts `NatsCluster(3)`, creates the topology with replicas=3 before
-any test process connects (connections without `replicas` never scale it down), and hands the tests the
-first node's URL; clients and workers learn the other nodes from the server (nats-py's discovered servers),
-as a client given one seed of a real cluster does. Nodes are killed at teardown (a graceful cluster stop
-costs ~3 s per test and checks nothing).
+`nats_server` is overridden here: it starts the cluster, has the operator create the topology with
+replicas=3 before any test process connects (connections without `replicas` never scale it down), and
+hands the tests the first node's URL; clients and workers learn the other nodes from the server (nats-py's
+discovered servers), as a client given one seed of a real cluster does. A permissions violation on any
+node fails the test. Nodes are killed at teardown (a graceful cluster stop costs ~3 s per test and checks
+nothing).
 """
 
 from __future__ import annotations
@@ -15,32 +17,21 @@ from pathlib import Path
 
 import pytest
 
-from plexus.runtime import NatsCluster, Runtime
 from tests.e2e.conftest import orchestrator_process, runtime, worker_process
 from tests.runtime.conftest import start_worker
+from tests.security.seeds import SecuredSeed, secured_seed
 
 __all__ = ["orchestrator_process", "runtime", "start_worker", "worker_process"]
 
 
-class ClusterSeed:
-    """What the suites use of a `NatsServer` (its `url`), backed by a 3-node cluster."""
-
-    def __init__(self, cluster: NatsCluster) -> None:
-        self.cluster = cluster
-
-    @property
-    def url(self) -> str:
-        return self.cluster.urls[0]
-
-
 @pytest.fixture
-async def nats_server(tmp_path: Path) -> AsyncIterator[ClusterSeed]:
-    cluster = NatsCluster(3, base_dir=tmp_path / "cluster").start()
+async def nats_server(tmp_path: Path) -> AsyncIterator[SecuredSeed]:
+    seed = await secured_seed(tmp_path, 3)
     try:
-        admin = await Runtime.connect(cluster.urls, replicas=3)
-        await admin.close()
-        yield ClusterSeed(cluster)
+        yield seed
+        assert seed.violations() == [], "a role did something its permissions do not allow"
     finally:
-        for server in cluster.servers:
+        for server in seed.servers:
             server.kill()
-        cluster.cleanup()
+        assert seed.cluster is not None
+        seed.cluster.cleanup()

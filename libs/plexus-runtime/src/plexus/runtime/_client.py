@@ -172,7 +172,8 @@ class Runtime(RunsClient):
             prefix=prefix,
             namespace=namespace,
             partitions=partitions,
-            heartbeat_ttl_s=heartbeat_ttl_s,
+            # The bucket's TTL, which is what a registration really lives (the operator's, if it differs).
+            heartbeat_ttl_s=topology.workers_ttl_s,
             interceptors=interceptors,
         )
         rt.connection_closed = closed

@@ -16,6 +16,7 @@ key token modulo P; `_subjects.inbox_partition` computes the same number client-
 from __future__ import annotations
 
 import asyncio
+import logging
 import re
 import time
 from collections.abc import Awaitable, Callable
@@ -41,6 +42,8 @@ from plexus.core import KernelError
 
 from ._outage import is_unavailable
 from ._subjects import inbox_transform as _subject_transform
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "DLQ_MAX_AGE_S",
@@ -102,6 +105,10 @@ class Topology:
     runs: KeyValue
     artifacts: ObjectStore
     streams: dict[str, StreamInfo] = field(default_factory=dict)
+    #: The TTLs the buckets really have (what this process asked for only if it created or reconciled
+    #: them): leases and worker heartbeats must be timed by these.
+    workers_ttl_s: float = 10.0
+    leases_ttl_s: float = 10.0
 
 
 def inbox_transform(prefix: str, partitions: int) -> SubjectTransform:
@@ -133,9 +140,12 @@ async def ensure_topology(
     """Create or reconcile every stream and bucket of docs/architecture.md and return handles to them.
 
     Raises ValueError for bad arguments and `TopologyConflictError` when an existing object has an
-    incompatible setting (see the module docstring). `replicas` None creates R1 objects and leaves the
-    replica count of existing ones alone: a worker or client connecting with defaults must never scale an
-    operator's R3 cluster down to R1; only a process that names `replicas` reconciles it.
+    incompatible setting (see the module docstring). `replicas` None creates R1 objects and leaves existing
+    ones as they are: a worker or client connecting with its defaults must never scale an operator's R3
+    cluster down to R1 nor change its TTLs or windows (a worker's user may not, and two processes asking
+    for different TTLs would flip them back and forth under each other's leases); only a process that
+    names `replicas` (the operator, `plexus topology`) reconciles an existing topology. The others adopt
+    it: the returned `Topology` carries the TTLs the buckets really have.
     """
     names = names or TopologyNames()
     if not _TOKEN_RE.fullmatch(prefix):
@@ -208,7 +218,13 @@ async def ensure_topology(
     for config in streams:
         assert config.name is not None
         infos[config.name] = await _until_answered(
-            partial(_ensure_stream, js, config, allow_repartition=allow_repartition)
+            partial(
+                _ensure_stream,
+                js,
+                config,
+                allow_repartition=allow_repartition,
+                reconcile=replicas is not None or allow_repartition,
+            )
         )
 
     keep = replicas is None
@@ -216,6 +232,12 @@ async def ensure_topology(
     def kv(bucket: str, ttl: float | None) -> KeyValueConfig:
         return KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas or 1, storage=storage)
 
+    workers = await _until_answered(
+        lambda: _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s), keep_replicas=keep)
+    )
+    leases = await _until_answered(
+        lambda: _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s), keep_replicas=keep)
+    )
     return Topology(
         prefix=prefix,
         partitions=partitions,
@@ -229,17 +251,15 @@ async def ensure_topology(
         subscriptions=await _until_answered(
             lambda: _ensure_kv(js, kv(names.subscriptions_bucket, None), keep_replicas=keep)
         ),
-        workers=await _until_answered(
-            lambda: _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s), keep_replicas=keep)
-        ),
-        leases=await _until_answered(
-            lambda: _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s), keep_replicas=keep)
-        ),
+        workers=workers,
+        leases=leases,
         runs=await _until_answered(lambda: _ensure_kv(js, kv(names.runs_bucket, None), keep_replicas=keep)),
         artifacts=await _until_answered(
             lambda: _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage)
         ),
         streams=infos,
+        workers_ttl_s=(await _until_answered(workers.status)).ttl or workers_ttl_s,
+        leases_ttl_s=(await _until_answered(leases.status)).ttl or leases_ttl_s,
     )
 
 
@@ -276,6 +296,7 @@ async def _ensure_stream(
     managed: tuple[str, ...] = _STREAM_MANAGED,
     frozen: tuple[str, ...] = _STREAM_FROZEN,
     allow_repartition: bool = False,
+    reconcile: bool = True,
 ) -> StreamInfo:
     """Create ``desired``; if a different stream of that name exists, reconcile the ``managed`` settings
     and refuse to touch the ``frozen`` ones. Settings ``desired`` leaves None are not compared.
@@ -307,6 +328,14 @@ async def _ensure_stream(
     if not patch:
         # Differences only in settings we do not manage (e.g. an operator enabled allow_direct): keep them.
         return await js.stream_info(desired.name)
+    if not reconcile:
+        _log.warning(
+            "%s differs from what this process asked for (%s); keeping the cluster's settings "
+            "(the operator changes them: `plexus topology`)",
+            desired.name,
+            ", ".join(f"{k}={v}" for k, v in patch.items()),
+        )
+        return await js.stream_info(desired.name)
     return await js.update_stream(current.evolve(**patch))
 
 
@@ -332,6 +361,8 @@ async def _exists(js: JetStreamContext, stream: str) -> bool:
 async def _ensure_kv(
     js: JetStreamContext, config: KeyValueConfig, *, keep_replicas: bool = False
 ) -> KeyValue:
+    """Like `_ensure_stream` for a KV bucket; `keep_replicas` (a process that did not name `replicas`)
+    also means: adopt an existing bucket as it is."""
     if not await _exists(js, f"KV_{config.bucket}"):
         try:
             return await js.create_key_value(config)
@@ -349,7 +380,9 @@ async def _ensure_kv(
         num_replicas=None if keep_replicas else config.replicas,
         storage=config.storage,
     )
-    await _ensure_stream(js, desired, managed=(*_STREAM_MANAGED, "max_msgs_per_subject"))
+    await _ensure_stream(
+        js, desired, managed=(*_STREAM_MANAGED, "max_msgs_per_subject"), reconcile=not keep_replicas
+    )
     return await js.key_value(config.bucket)
 
 

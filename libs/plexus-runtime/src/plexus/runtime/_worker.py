@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import socket
@@ -100,7 +101,20 @@ class Worker(Upkeep):
     def __init__(self, app: App, runtime: Runtime, config: WorkerConfig | None = None) -> None:
         self.app = app
         self.rt = runtime
-        self.config = config or WorkerConfig()
+        config = config or WorkerConfig()
+        actual_ttl = runtime.topology.leases_ttl_s
+        if config.lease_ttl_s != actual_ttl:
+            # Leases expire by the bucket's TTL: timing renewals by another value could let a lease lapse
+            # while this worker still believes it holds it.
+            log.warning(
+                "the leases bucket's TTL is %ss (set by whoever created the topology), not the %ss asked for;"
+                " using %ss",
+                actual_ttl,
+                config.lease_ttl_s,
+                actual_ttl,
+            )
+            config = dataclasses.replace(config, lease_ttl_s=actual_ttl)
+        self.config = config
         self.worker_id = self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.started_at = time.time()
         self._inflight = asyncio.Semaphore(self.config.concurrency * 4)

@@ -157,6 +157,12 @@ def build_parser() -> argparse.ArgumentParser:
     topology.add_argument(
         "--replicas", type=_positive, default=1, help="stream and bucket replicas (3 on a 3-node cluster)"
     )
+    topology.add_argument(
+        "--lease-ttl", type=float, default=10.0, help="partition lease TTL in seconds (workers adopt it)"
+    )
+    topology.add_argument(
+        "--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeats before a worker is dead"
+    )
 
     probe = sub.add_parser("probe", help="GET a health URL; exit 0 on 2xx (container health checks)")
     probe.add_argument("url", help="e.g. http://localhost:8480/readyz")
@@ -293,7 +299,12 @@ async def _types(args: argparse.Namespace) -> None:
 
 async def _topology(args: argparse.Namespace) -> None:
     try:
-        rt = await Runtime.connect(_servers(args), replicas=args.replicas)
+        rt = await Runtime.connect(
+            _servers(args),
+            replicas=args.replicas,
+            lease_ttl_s=args.lease_ttl,
+            heartbeat_ttl_s=args.heartbeat_ttl,
+        )
     except (OSError, TimeoutError, NatsAuthError):
         raise
     except Exception as exc:  # the server's refusal (e.g. more replicas than nodes) says what is wrong
@@ -301,7 +312,10 @@ async def _topology(args: argparse.Namespace) -> None:
     try:
         for name, info in sorted(rt.topology.streams.items()):
             print(f"{name}\treplicas {info.config.num_replicas}\tmessages {info.state.messages}")
-        print(f"topology ready on {', '.join(_servers(args))} with {args.replicas} replica(s)")
+        print(
+            f"topology ready on {', '.join(_servers(args))} with {args.replicas} replica(s), lease TTL"
+            f" {rt.topology.leases_ttl_s:g}s, heartbeat TTL {rt.topology.workers_ttl_s:g}s"
+        )
     finally:
         await rt.close()
 
