@@ -53,8 +53,11 @@ typecheck: $(STAMP)
 imports: $(STAMP)
 	$(UV) run --no-sync lint-imports
 
+# Test files run in parallel (pytest-xdist, one file per worker process at a time): most tests wait on
+# real processes, leases and timeouts rather than on the CPU, so 3 workers fit 2 cores (PYTEST_WORKERS=0: serial).
+PYTEST_WORKERS ?= 3
 test: lint typecheck imports
-	$(UV) run --no-sync pytest
+	$(UV) run --no-sync pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 fmt: $(STAMP)
 	$(UV) run --no-sync ruff format .
