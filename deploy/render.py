@@ -69,9 +69,8 @@ def compose() -> dict[str, str]:
     for service in spec.SERVICES:
         env = {**common_env, **service.env}
         if service.name == "gateway":
-            env["PLEXUS_GATEWAY_TOKEN_HASHES"] = (
-                "${PLEXUS_GATEWAY_TOKEN_HASHES:?run plexus gateway --hash-token}"
-            )
+            # Optional: tokens can also come from `plexus tokens create` (the tenant's bucket).
+            env["PLEXUS_GATEWAY_TOKEN_HASHES"] = "${PLEXUS_GATEWAY_TOKEN_HASHES:-}"
         entry: dict[str, Any] = {
             "image": f"{spec.IMAGE}:{service.name}",
             "build": {"context": "..", "dockerfile": "deploy/Dockerfile", "target": service.name},
@@ -289,7 +288,7 @@ def _env(service: spec.Service) -> list[dict[str, Any]]:
     env: list[dict[str, Any]] = [{"name": "PLEXUS_NATS", "value": seeds}]
     env += [{"name": k, "value": v} for k, v in service.env.items()]
     if service.name == "gateway":
-        ref = {"name": "plexus-gateway", "key": "token-hashes"}
+        ref = {"name": "plexus-gateway", "key": "token-hashes", "optional": True}
         env.append({"name": "PLEXUS_GATEWAY_TOKEN_HASHES", "valueFrom": {"secretKeyRef": ref}})
     return env
 

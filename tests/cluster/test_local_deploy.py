@@ -4,10 +4,12 @@ tree completes on it, and `down` leaves no process and no host behind."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -118,14 +120,21 @@ async def test_cluster_up_runs_a_tree_across_hosts_and_cluster_down_leaves_nothi
         assert set(health) == set(metrics) == {n for n in pids if not n.startswith("nats")}
         for name, url in health.items():
             assert _get(url)["ready"] is True, name  # type: ignore[index]
+
+        def owned() -> float:
+            return sum(
+                float(line.rsplit(" ", 1)[1])
+                for name in ("worker-w1", "worker-w2")
+                for line in _text(metrics[name]).splitlines()
+                if line.startswith("plexus_partitions_owned") and 'agent_type="planner"' in line
+            )
+
+        # Every planner partition has exactly one owner across the two workers, once a rebalance is over.
+        deadline = time.monotonic() + 30
+        while owned() != 16 and time.monotonic() < deadline:  # noqa: ASYNC110 - other processes
+            await asyncio.sleep(0.5)
+        assert owned() == 16
         scraped = {name: _text(url) for name, url in metrics.items()}
-        owned = [
-            float(line.rsplit(" ", 1)[1])
-            for name in ("worker-w1", "worker-w2")
-            for line in scraped[name].splitlines()
-            if line.startswith("plexus_partitions_owned") and 'agent_type="planner"' in line
-        ]
-        assert sum(owned) == 16  # every planner partition has exactly one owner across the two workers
         assert "plexus_orchestrator_decisions" in scraped["orchestrator-o1"] + scraped["orchestrator-o2"]
         assert (tmp_path / "state" / "worker-w1.log").exists()
     finally:

@@ -64,10 +64,26 @@ async def test_runs_ls_show_watch_cancel(gw: Stack) -> None:
     assert "unknown run" in err
 
 
-async def test_gateway_command_refuses_to_run_open_without_dev() -> None:
-    code, _, err = await plexus("gateway", "--nats", "nats://127.0.0.1:1")
-    assert code == 2
-    assert "--dev" in err
+async def test_gateway_command_without_a_token_hash_starts_closed_not_open(gw: Stack) -> None:
+    """No --token-hash and no --dev: only tokens of `plexus tokens` are accepted (there are none here)."""
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "plexus.runtime.cli", "gateway", "--nats", gw.nats_url, "--port", "0",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        assert proc.stderr is not None
+        notice = (await asyncio.wait_for(proc.stderr.readline(), timeout=30)).decode()
+        assert "accepting only tokens made with `plexus tokens create`" in notice
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+        url = line.split()[3]
+        async with httpx.AsyncClient(base_url=url) as client:
+            assert (await client.get("/v1/agents")).status_code == 401
+            guess = await client.get("/v1/agents", headers={"Authorization": "Bearer anything"})
+            assert guess.status_code == 401
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        await proc.wait()
     code, out, _ = await plexus("gateway", "--hash-token", "s3cret")
     assert code == 0
     assert out.strip() == hash_token("s3cret")

@@ -22,6 +22,12 @@ def _text(blocks: list[BaseBlock]) -> str:
     return "".join(getattr(b, "text", "") for b in blocks)
 
 
+async def _long_leases(server: NatsServer) -> None:
+    """The operator sets a 60 s lease TTL (workers adopt the bucket's): the outage must not cost the lease."""
+    operator = await Runtime.connect(server.url, lease_ttl_s=60.0, heartbeat_ttl_s=3.0, replicas=1)
+    await operator.close()
+
+
 async def test_a_commit_during_an_outage_waits_for_the_cluster_and_is_not_dead_lettered(
     runtime: Runtime, start_worker: StartWorker, nats_server: NatsServer
 ) -> None:
@@ -37,6 +43,7 @@ async def test_a_commit_during_an_outage_waits_for_the_cluster_and_is_not_dead_l
             await asyncio.sleep(0.3)  # the server freezes before this handler commits
             return [TextBlock(text=",".join(self.state["seen"]))]
 
+    await _long_leases(nats_server)
     await start_worker(app, lease_ttl_s=60.0)
     agent = AgentId("patient", "k")
     assert _text(await rt.send_message([TextBlock(text="warm")], agent, timeout=20)) == "warm"
@@ -76,6 +83,7 @@ async def test_a_handler_that_meets_an_outage_through_its_context_runs_again_ins
             await ctx.emit_progress("thinking", [TextBlock(text="half way")])
             return [TextBlock(text="reported " + _text(blocks))]
 
+    await _long_leases(nats_server)
     await start_worker(app, lease_ttl_s=60.0)
     agent = AgentId("reporter", "k")
     assert _text(await rt.send_message([TextBlock(text="warm")], agent, timeout=20)) == "reported warm"

@@ -159,14 +159,18 @@ def role_permissions(
                         "OBJ_plexus_artifacts",
                         kv["sessions"],
                         kv["registry"],
+                        kv["subscriptions"],  # every Runtime follows the topic subscriptions
                         kv["workers"],
                         kv["leases"],
                         kv["runs"],
+                        "KV_plexus_gateway_tokens",  # followed, never written: tokens are the operator's
                     ]
                 ),
                 "$JS.API.STREAM.CREATE.KV_plexus_sessions",  # the first gateway creates its bucket
+                "$JS.API.STREAM.CREATE.KV_plexus_gateway_tokens",
             ],
             publish_deny=[
+                "$KV.plexus_gateway_tokens.>",
                 f"{p}.*.evlog.>",
                 "$KV.plexus_checkpoints.>",
                 "$KV.plexus_leases.>",

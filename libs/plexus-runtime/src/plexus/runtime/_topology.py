@@ -280,11 +280,15 @@ async def _until_answered(step: Callable[[], Awaitable[T]]) -> T:
         try:
             return await step()
         except Exception as exc:
-            if not is_unavailable(exc) or time.monotonic() >= deadline:
+            # A cluster that just started may not know all its peers yet: placement of an R3 object fails
+            # with "no suitable peers" (10005) for a moment, like an unanswered request.
+            placement = isinstance(exc, BadRequestError) and exc.err_code == _NO_SUITABLE_PEERS
+            if not (is_unavailable(exc) or placement) or time.monotonic() >= deadline:
                 raise
             await asyncio.sleep(0.5)
 
 
+_NO_SUITABLE_PEERS = 10005
 _STREAM_MANAGED = ("max_age", "duplicate_window", "num_replicas")
 _STREAM_FROZEN = ("retention", "storage", "subjects", "subject_transform")
 

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 from importlib import resources
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import FileResponse, HTMLResponse, JSONResponse
 from fastapi.staticfiles import StaticFiles
 
@@ -15,6 +16,7 @@ from plexus.runtime import Runtime
 from plexus.runtime.orchestration import ORCH_SERVICE_NAME
 
 from . import _api_runs, _api_sessions
+from ._access import RateLimiter, TokenRegistry
 from ._config import GatewayConfig
 from ._limits import BodyLimit
 from ._problems import install_problem_handlers
@@ -30,13 +32,19 @@ STATIC = resources.files("plexus.gateway") / "static"
 def create_app(runtime: Runtime, config: GatewayConfig | None = None) -> FastAPI:
     """The gateway's ASGI app. The caller owns ``runtime`` (connects it before, closes it after)."""
     gw = GatewayState(rt=runtime, config=config or GatewayConfig(), runs=RunsView(runtime))
+    gw.limiter = RateLimiter(gw.config.rate_limit, gw.config.effective_burst)
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         gw.sessions = await SessionStore.open(runtime.js)
+        if not gw.config.dev:
+            gw.tokens = TokenRegistry(runtime.js)
+            await gw.tokens.start()
         try:
             yield
         finally:
+            if gw.tokens is not None:
+                await gw.tokens.stop()
             for task in list(gw.tasks):
                 task.cancel()
             for task in list(gw.tasks):
@@ -54,6 +62,13 @@ def create_app(runtime: Runtime, config: GatewayConfig | None = None) -> FastAPI
     app.include_router(_api_runs.router)
     app.include_router(_api_sessions.router)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)
+    if gw.config.cors_origins:  # off unless asked for: no CORS header at all by default
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(gw.config.cors_origins),
+            allow_methods=["GET", "POST", "PUT", "DELETE"],
+            allow_headers=["Authorization", "Content-Type", "Last-Event-ID"],
+        )
     app.mount("/static", StaticFiles(directory=str(STATIC)), name="static")
 
     @app.get("/", include_in_schema=False, response_class=HTMLResponse)

@@ -1,4 +1,4 @@
-"""Gateway settings: who may call it (hashed bearer tokens), request size limit, SSE heartbeat period."""
+"""Gateway settings: who may call it (hashed bearer tokens), request limits, CORS, SSE heartbeat period."""
 
 from __future__ import annotations
 
@@ -24,10 +24,21 @@ class GatewayConfig:
     heartbeat_s: float = 15.0
     max_rpc_timeout_s: float = 300.0
     max_page: int = 500
+    #: Requests per second per caller (token, or client address in dev mode); 0 turns the limit off.
+    rate_limit: float = 50.0
+    #: Requests a caller may make at once above the rate (default: two seconds' worth).
+    burst: float | None = None
+    #: Origins allowed to call from a browser on another origin; none (the default) sends no CORS headers.
+    cors_origins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.heartbeat_s <= 0 or self.max_rpc_timeout_s <= 0:
             raise ValueError("max_body_bytes, heartbeat_s and max_rpc_timeout_s must be positive")
+        if self.rate_limit < 0 or (self.burst is not None and self.burst < 1):
+            raise ValueError("rate_limit must be >= 0 and burst >= 1")
+        for origin in self.cors_origins:
+            if origin != "*" and not origin.startswith(("http://", "https://")):
+                raise ValueError(f"a CORS origin is scheme://host[:port], got {origin!r}")
         for h in self.token_hashes:
             if not h.startswith("sha256:") or len(h) != 71:
                 raise ValueError("token hashes look like sha256:<64 hex digits> (see hash_token)")
@@ -35,8 +46,17 @@ class GatewayConfig:
     def allows(self, token: str | None) -> bool:
         if self.dev:
             return True
+        return self.static_caller(token) is not None
+
+    def static_caller(self, token: str | None) -> str | None:
+        """The caller key of a token given by ``--token-hash`` (None: not one of them)."""
         if not token:
-            return False
+            return None
         candidate = hash_token(token)
         # Compare against every hash in constant time so a timing probe learns nothing about which is close.
-        return any(hmac.compare_digest(candidate, h) for h in self.token_hashes)
+        found = [h for h in self.token_hashes if hmac.compare_digest(candidate, h)]
+        return found[0] if found else None
+
+    @property
+    def effective_burst(self) -> float:
+        return self.burst if self.burst is not None else max(1.0, 2 * self.rate_limit)

@@ -122,8 +122,11 @@ def install_problem_handlers(app: FastAPI) -> None:
     async def _problem(_request: Request, exc: Problem) -> JSONResponse:
         extra = dict(exc.extra)
         challenge = extra.pop("headers_www", None)
-        headers = {"WWW-Authenticate": str(challenge)} if challenge else None
-        return problem_response(exc.status, exc.title, exc.detail, headers=headers, **extra)
+        retry_after = extra.pop("headers_retry_after", None)
+        headers = {"WWW-Authenticate": str(challenge)} if challenge else {}
+        if retry_after:
+            headers["Retry-After"] = str(retry_after)
+        return problem_response(exc.status, exc.title, exc.detail, headers=headers or None, **extra)
 
     @app.exception_handler(KernelError)
     async def _kernel(_request: Request, exc: KernelError) -> JSONResponse:

@@ -4,6 +4,7 @@ lives in NATS; this is only the connection and configuration)."""
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -12,6 +13,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from plexus.runtime import Runtime
 
+from ._access import RateLimiter, TokenRegistry
 from ._config import GatewayConfig
 from ._problems import Problem
 from ._runs import RunsView
@@ -26,6 +28,8 @@ class GatewayState:
     config: GatewayConfig
     runs: RunsView
     sessions: SessionStore | None = None
+    tokens: TokenRegistry | None = None
+    limiter: RateLimiter | None = None
     # Tasks that write a session's transcript when its run ends; any replica reconciles if this one dies.
     tasks: set[asyncio.Task[Any]] = field(default_factory=set)
 
@@ -50,11 +54,24 @@ _bearer = HTTPBearer(auto_error=False, description="a token configured with `ple
 
 async def authorize(request: Request) -> None:
     """Bearer token from the Authorization header, or ``access_token`` in the query (EventSource cannot
-    send headers)."""
+    send headers): one of ``--token-hash`` or a live token of the tenant's bucket; then the caller's rate."""
     gw = state(request)
+    caller: str | None
     if gw.config.dev:
-        return
-    creds: HTTPAuthorizationCredentials | None = await _bearer(request)
-    token = creds.credentials if creds is not None else request.query_params.get("access_token")
-    if not gw.config.allows(token):
-        raise Problem(401, "Unauthorized", "a valid bearer token is required", headers_www="Bearer")
+        caller = f"addr:{request.client.host if request.client else '-'}"
+    else:
+        creds: HTTPAuthorizationCredentials | None = await _bearer(request)
+        token = creds.credentials if creds is not None else request.query_params.get("access_token")
+        caller = gw.config.static_caller(token)
+        if caller is None and token and gw.tokens is not None:
+            caller = gw.tokens.identify(token)
+        if caller is None:
+            raise Problem(401, "Unauthorized", "a valid bearer token is required", headers_www="Bearer")
+    wait = gw.limiter.take(caller) if gw.limiter is not None and caller is not None else 0.0
+    if wait > 0:
+        raise Problem(
+            429,
+            "Too many requests",
+            f"more than {gw.config.rate_limit:g} requests per second from this caller",
+            headers_retry_after=str(max(1, math.ceil(wait))),
+        )

@@ -16,12 +16,20 @@ from plexus.core import KernelError
 from plexus.runtime import NatsSettings, Runtime, SettingsError, configure_telemetry, env_help, load_settings
 
 from . import _cli_more as more
+from ._cli_tokens import register_tokens as _register_tokens
 from ._config import GatewayConfig, hash_token
 from ._runs import RunFilter, RunsView
 from ._server import Gateway
 from ._terminal import render_tree, watch_tree
 
-__all__ = ["dev_command", "register_agents", "register_gateway", "register_runs", "register_sessions"]
+__all__ = [
+    "dev_command",
+    "register_agents",
+    "register_gateway",
+    "register_runs",
+    "register_sessions",
+    "register_tokens",
+]
 
 
 def _nats_url(value: str) -> str:
@@ -95,6 +103,18 @@ def register_gateway(sub: Any) -> None:
     )
     parser.add_argument("--max-body", type=_positive_int, default=1 << 20, help="request body limit in bytes")
     parser.add_argument("--heartbeat", type=float, default=15.0, help="SSE heartbeat comment period, seconds")
+    parser.add_argument(
+        "--rate-limit",
+        type=float,
+        default=50.0,
+        help="requests per second per caller, bursts of twice that (0: no limit; default 50)",
+    )
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        default=None,
+        help="allow browser calls from this origin (repeatable); default: no CORS headers at all",
+    )
     parser.set_defaults(handler=_run_gateway)
 
 
@@ -115,17 +135,20 @@ def _run_gateway(args: argparse.Namespace) -> int:
             dev=args.dev,
             max_body_bytes=args.max_body,
             heartbeat_s=args.heartbeat,
+            rate_limit=args.rate_limit,
+            cors_origins=tuple(args.cors_origin or ()),
         )
     except ValueError as exc:
         print(f"plexus gateway: error: {exc}", file=sys.stderr)
         return 2
     if not config.dev and not config.token_hashes:
+        # Closed, not open: only tokens of the tenant's bucket are accepted, and there may be none yet.
         print(
-            "plexus gateway: error: no --token-hash given; pass one (see --hash-token) or --dev for an open"
-            " local gateway",
+            "plexus gateway: no --token-hash given: accepting only tokens made with `plexus tokens create`"
+            " (--dev for an open local gateway)",
             file=sys.stderr,
+            flush=True,
         )
-        return 2
     host = args.host if args.host is not None else settings.gateway_host
     port = args.port if args.port is not None else settings.gateway_port
     return asyncio.run(_serve_gateway(list(args.nats or settings.nats), config, host, port))
@@ -256,6 +279,11 @@ def register_agents(sub: Any) -> None:
     _nats_arg(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=lambda args: _guarded("agents", _with_runtime(args, more.agents, args.json)))
+
+
+def register_tokens(sub: Any) -> None:
+    """``plexus tokens``: the gateway's bearer tokens (see _cli_tokens.py)."""
+    _register_tokens(sub, _nats_arg, _guarded, _urls)
 
 
 def register_sessions(sub: Any) -> None:
