@@ -80,6 +80,11 @@ ROWS = (
     Row("rebalance: a worker joins", "s", None, "rebalance.join", None, False),
     Row("rebalance: a worker leaves (graceful)", "s", None, "rebalance.leave", None, False),
     Row("rebalance: a worker is killed (lease TTL 10 s)", "s", None, "rebalance.crash", None, False),
+    # bench/sse_bench.py: the gateway's SSE path (plexus gateway --dev as its own process).
+    Row("progress worker → SSE client p50", "ms", None, "sse.latency.p50", None, False),
+    Row("progress worker → SSE client p99", "ms", None, "sse.latency.p99", None, False),
+    Row("SSE fan-out to many clients on one tree", "events/s", None, "sse.fanout.events_per_s", None, False),
+    Row("gateway CPU per delivered SSE event", "µs", None, "sse.fanout.cpu_per_event", None, False),
     # bench/durability_bench.py: durable sends, default lazy fsync vs `sync_interval: always`, R1 and R3.
     *(
         Row(
@@ -167,6 +172,7 @@ TARGETS = (
     Target("distinct keys ≥ 0.9× the 10-key throughput", _median("plexus.keys.ratio"), 0.9),
     *(Target(f"scale-out ≥ 0.9 × {n} ({n} workers)", _median(f"scale.ratio.{n}"), 0.9 * n) for n in (2, 4)),
     Target("≤ 4 KB (4096 B) per idle activation", _median("plexus.mem.per_activation"), 4096.0, at_most=True),
+    Target("progress worker → SSE client p50 ≤ 5 ms", _median("sse.latency.p50"), 5.0, at_most=True),
 )
 
 

@@ -322,6 +322,13 @@ def main() -> int:
                 result = procs.client("plexus-scale", scale_cmd, client_timeout)
             metrics.update(result["metrics"])
             client_info["plexus-scale"] = result["info"]
+            print("bench: gateway SSE (latency to a browser-like client, fan-out to many) …", flush=True)
+            with phase(logs, env) as procs:
+                result = procs.client(
+                    "plexus-sse", [py, "-m", "bench.sse_bench", "--mode", mode], client_timeout
+                )
+            metrics.update(result["metrics"])
+            client_info["plexus-sse"] = result["info"]
             print("bench: durability settings (R1/R3 x default/always fsync) …", flush=True)
             with phase(logs, env) as procs:
                 dur_cmd = [py, "-m", "bench.durability_bench", "--mode", mode]

@@ -90,3 +90,22 @@ def test_bad_connection_settings_are_refused_before_connecting(env: dict[str, st
     assert done.returncode == 2, done.stderr
     assert message in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_permissions_prints_a_role_for_operator_jwt_mode(capsys: pytest.CaptureFixture[str]) -> None:
+    """Operator/JWT (nsc) deployments give each user the same permissions as `security init` does."""
+    import json
+
+    from plexus.runtime._permissions import role_permissions
+
+    assert main(["security", "permissions", "worker", "--tenant", "acme", "--worker-types", "ledger"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    expected = role_permissions("worker", "_INBOX.acme_worker", "px", ["ledger"])
+    assert printed["publish_allow"] == expected.publish_allow
+    assert "$KV.plexus_checkpoints.*.ledger.>" in printed["publish_allow"]
+    assert main(["security", "permissions", "client", "--tenant", "acme", "--nsc"]) == 0
+    line = capsys.readouterr().out
+    assert line.startswith("nsc add user --name acme_client --account acme --allow-pub 'px.*.in.>,")
+    assert "--allow-sub '_INBOX.acme_client.>" in line
+    assert main(["security", "permissions", "client", "--tenant", "bad tenant!"]) == 2
+    assert "tenant" in capsys.readouterr().err

@@ -16,6 +16,7 @@ the secured mode on one machine.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -218,6 +219,41 @@ def add_security_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         help="the agent types whose state a tenant's workers may write (default: any); repeat",
     )
     init.set_defaults(handler=_init_command)
+    perms = verbs.add_parser(
+        "permissions",
+        help="print one role's permissions, as JSON or as `nsc add user` flags (operator/JWT mode)",
+    )
+    perms.add_argument("role", choices=ROLES)
+    perms.add_argument("--tenant", required=True, help="the tenant (account) the user belongs to")
+    perms.add_argument("--prefix", default="px", help="the Plexus subject prefix (default px)")
+    perms.add_argument("--worker-types", default=None, metavar="TYPE,TYPE", help="worker: its agent types")
+    perms.add_argument("--nsc", action="store_true", help="print `nsc add user` flags instead of JSON")
+    perms.set_defaults(handler=_permissions_command)
+
+
+def _permissions_command(args: argparse.Namespace) -> int:
+    try:
+        tenant = _check_name("tenant", args.tenant)
+        names = args.worker_types.split(",") if args.worker_types else None
+        types = [_check_name("agent type", t) for t in names] if names else None
+    except ValueError as exc:
+        print(f"plexus: error: {exc}", file=sys.stderr)
+        return 2
+    perms = role_permissions(args.role, f"_INBOX.{tenant}_{args.role}", args.prefix, types)
+    if not args.nsc:
+        print(json.dumps(dataclasses.asdict(perms), indent=2))
+        return 0
+    flags = [f"--name {tenant}_{args.role}", f"--account {tenant}"]
+    for flag, subjects in (
+        ("--allow-pub", perms.publish_allow),
+        ("--deny-pub", perms.publish_deny),
+        ("--allow-sub", perms.subscribe_allow),
+        ("--deny-sub", perms.subscribe_deny),
+    ):
+        if subjects:
+            flags.append(f"{flag} '{','.join(subjects)}'")
+    print("nsc add user " + " ".join(flags))
+    return 0
 
 
 def _init_command(args: argparse.Namespace) -> int:

@@ -1,11 +1,14 @@
-"""Measure the gateway's SSE path (issue 11 item 6; figures are reported, never asserted).
+"""The gateway's SSE path (issue 11 item 6), a `make bench` phase; reported, never asserted.
 
-    python -m tests.gateway.measure_sse [--events 500] [--clients 100]
+``uv run --no-sync python -m bench.sse_bench [--mode quick|full]`` starts its own nats-server, an
+orchestrator and a worker (in this process) and ``plexus gateway --dev`` as a process of its own, then:
 
-1. latency: a worker emits progress events; one SSE client receives them through a `plexus gateway` process;
-   latency = receive time - the event's `ts` (same host clock), p50/p99.
-2. fan-out: `--clients` SSE clients follow one tree whose root emits `--events` events; events/s delivered
-   in total and the gateway process's CPU time per delivered event (from /proc).
+1. latency: the worker's agent emits progress events a few ms apart; one SSE client follows the run tree
+   through the gateway; latency = receive time - the event's ``ts`` (same host clock), p50/p99;
+2. fan-out: N SSE clients follow one tree; events/s delivered in total, and the gateway process's CPU time
+   per delivered event (from /proc).
+
+Prints one ``RESULT <json>`` line (bench/common.py protocol).
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ import asyncio
 import json
 import os
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -24,10 +26,22 @@ from pathlib import Path
 
 import httpx
 
+from bench.common import Results, percentile
+from plexus.core import BaseBlock, TextBlock
 from plexus.orchestrator import Orchestrator, OrchestratorConfig
-from plexus.runtime import NatsServer, Runtime, Worker, WorkerConfig
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime, Worker, WorkerConfig
 
-from .apps import app
+app = App()
+
+
+@app.agent("ticker", description="emits `n` progress events `gap` seconds apart")
+class Ticker(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        cmd = json.loads("".join(getattr(b, "text", "") for b in blocks))
+        for i in range(int(cmd["n"])):
+            await ctx.emit_progress("thinking", [TextBlock(text=str(i))])
+            await asyncio.sleep(float(cmd["gap"]))
+        return [TextBlock(text="ticked")]
 
 
 def _free_port() -> int:
@@ -69,10 +83,10 @@ async def _start(client: httpx.AsyncClient, key: str, n: int, gap: float) -> str
     return str(response.json()["run_id"])
 
 
-async def main(events: int, clients: int) -> None:
+async def measure(events: int, clients: int) -> Results:
+    results = Results(info={"events": events, "clients": clients})
     with tempfile.TemporaryDirectory() as tmp:
-        server = NatsServer(store_dir=Path(tmp) / "nats")
-        server.start()
+        server = NatsServer(store_dir=Path(tmp) / "nats").start()
         orch = await Orchestrator.connect(server.url, OrchestratorConfig())
         await orch.start()
         worker_rt = await Runtime.connect(server.url)
@@ -81,35 +95,30 @@ async def main(events: int, clients: int) -> None:
         port = _free_port()
         gateway = await asyncio.create_subprocess_exec(
             *[sys.executable, "-m", "plexus.runtime.cli", "gateway", "--dev", "--port", str(port)],
-            *["--nats", server.url],
+            *["--nats", server.url, "--rate-limit", "0"],
             stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL,
         )
         try:
             assert gateway.stdout is not None
-            await gateway.stdout.readline()  # "plexus gateway serving ..."
+            await asyncio.wait_for(gateway.stdout.readline(), 60)  # "plexus gateway serving ..."
             limits = httpx.Limits(max_connections=clients + 10)
             async with httpx.AsyncClient(
                 base_url=f"http://127.0.0.1:{port}", timeout=120, limits=limits
             ) as client:
+                await _follow(client, await _start(client, "warm", 20, 0.005), None)
                 latencies: list[float] = []
-                run_id = await _start(client, "latency", events, 0.005)
-                await _follow(client, run_id, latencies)
-                latencies.sort()
-                p50 = statistics.median(latencies) * 1000
-                p99 = latencies[int(len(latencies) * 0.99) - 1] * 1000
-                print(f"latency worker -> SSE client: n={len(latencies)} p50={p50:.2f} ms p99={p99:.2f} ms")
-
+                await _follow(client, await _start(client, "latency", events, 0.005), latencies)
+                results.add("sse.latency.p50", "ms", percentile(latencies, 50) * 1000)
+                results.add("sse.latency.p99", "ms", percentile(latencies, 99) * 1000)
                 run_id = await _start(client, "fanout", events, 0.002)
                 cpu0, t0 = _cpu_s(gateway.pid), time.perf_counter()
                 counts = await asyncio.gather(*(_follow(client, run_id, None) for _ in range(clients)))
                 cpu, wall = _cpu_s(gateway.pid) - cpu0, time.perf_counter() - t0
                 delivered = sum(counts)
-                print(
-                    f"fan-out: {clients} clients x {events} events: {delivered} delivered in {wall:.2f} s ="
-                    f" {delivered / wall:,.0f} events/s; gateway CPU {cpu:.2f} s ="
-                    f" {cpu / delivered * 1e6:.0f} us/event"
-                )
+                results.add("sse.fanout.events_per_s", "events/s", delivered / wall)
+                results.add("sse.fanout.cpu_per_event", "µs", cpu / max(1, delivered) * 1e6)
+                results.info["delivered"] = delivered
         finally:
             gateway.terminate()
             await asyncio.wait_for(gateway.wait(), timeout=30)
@@ -117,11 +126,16 @@ async def main(events: int, clients: int) -> None:
             await worker_rt.close()
             await orch.stop()
             server.stop()
+    return results
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.sse_bench")
+    parser.add_argument("--mode", choices=("quick", "full"), default="quick")
+    args = parser.parse_args()
+    events, clients = (200, 50) if args.mode == "quick" else (500, 100)
+    asyncio.run(measure(events, clients)).emit()
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--events", type=int, default=500)
-    parser.add_argument("--clients", type=int, default=100)
-    args = parser.parse_args()
-    asyncio.run(main(args.events, args.clients))
+    main()
