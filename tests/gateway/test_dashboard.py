@@ -84,6 +84,13 @@ async def test_tree_appears_updates_gauge_moves_and_cancel_cancels_every_node(
     await page.locator("#d-links .nav-parent").click()
     await expect(page.locator("#d-title")).to_have_text("fanout/ui")
 
+    # The synchronized timeline: one bar per node on the tree's axis, which advances while runs go on.
+    axis = page.locator("#t-axis")
+    await expect(axis).to_contain_text("timeline:")
+    before = await axis.text_content()
+    await expect(axis).not_to_have_text(before or "", timeout=5_000)
+    await expect(page.locator("li.tree-node .timeline .bar")).to_have_count(4)
+
     await page.screenshot(path=str(tmp_path / "dashboard-running.png"), full_page=True)
 
     await page.locator("#cancel").click()
@@ -94,6 +101,16 @@ async def test_tree_appears_updates_gauge_moves_and_cancel_cancels_every_node(
     await expect(page.locator("#tree-status")).to_have_attribute("data-status", "cancelled")
     await expect(page.locator("#conn")).to_have_attribute("data-state", "ended")
     await expect(page.locator("#cancel")).to_be_disabled()
+    bars = await page.eval_on_selector_all(
+        "li.tree-node > .node .timeline .bar",
+        "els => els.map(e => [e.closest('li').dataset.agent, +e.dataset.from, +e.dataset.to])",
+    )
+    spans = {agent: (start, end) for agent, start, end in bars}
+    assert set(spans) == {"fanout/ui", "leaf/ui-0", "leaf/ui-1", "leaf/ui-2"}
+    assert spans["fanout/ui"][0] == 0.0  # the axis starts with the root
+    assert all(0.0 <= start <= end <= 1.0 for start, end in spans.values()), spans
+    assert all(spans[f"leaf/ui-{i}"][0] > 0.0 for i in range(3))  # children start after their parent
+    assert max(end for _, end in spans.values()) == 1.0  # and the axis ends with the last end
     shot = tmp_path / "dashboard-cancelled.png"
     await page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000

@@ -238,10 +238,44 @@ function render() {
   const tree = $("tree");
   tree.replaceChildren();
   if (root) {
+    state.span = timeSpan(root);
     const li = renderNode(root);
     if (li) tree.append(li);
+    $("t-axis").textContent = `timeline: ${((state.span.end - state.span.start)).toFixed(1)} s since the root started`;
   }
   renderDetail();
+}
+
+// The synchronized timeline: every node's bar on one axis, from the root's start to the last end (or now,
+// while anything runs). Records carry created_at and, once a run ended, its last update as the end.
+function runEnd(run) {
+  return TERMINAL.has(run.status) ? run.updated_at || run.created_at : Date.now() / 1000;
+}
+
+function timeSpan(root) {
+  const runs = [...state.runs.values()];
+  const start = root.created_at || Math.min(...runs.map((r) => r.created_at || Infinity));
+  const end = Math.max(start + 0.001, ...runs.map(runEnd));
+  return { start, end };
+}
+
+function timelineBar(run) {
+  const { start, end } = state.span;
+  const width = end - start;
+  const from = Math.max(0, ((run.created_at || start) - start) / width);
+  const to = Math.min(1, (runEnd(run) - start) / width);
+  const track = document.createElement("span");
+  track.className = "timeline";
+  const bar = document.createElement("span");
+  bar.className = "bar";
+  bar.dataset.status = displayStatus(run);
+  bar.dataset.from = from.toFixed(4);
+  bar.dataset.to = to.toFixed(4);
+  bar.style.left = `${(from * 100).toFixed(2)}%`;
+  bar.style.width = `${(Math.max(0.005, to - from) * 100).toFixed(2)}%`;
+  bar.title = `${((run.created_at || start) - start).toFixed(2)} s → ${(runEnd(run) - start).toFixed(2)} s`;
+  track.append(bar);
+  return track;
 }
 
 // Children by their own parent_id: a parent's record may be older than a child's announcement.
@@ -271,6 +305,7 @@ function renderNode(run) {
     text("span", run.agent_id, "agent"),
     badge(status),
     text("span", `step ${n.step || "-"} · tokens ${tokens} · turns ${(run.usage && run.usage.turns) || 0} · events ${n.turns}`, "meta"),
+    timelineBar(run),
   );
   if (run.reason && TERMINAL.has(run.status)) row.append(text("span", run.reason, "meta"));
   row.dataset.select = run.run_id;
@@ -432,3 +467,8 @@ function route() {
 }
 window.addEventListener("hashchange", route);
 route();
+
+// Running bars grow with the clock: re-render once a second while the open tree has live runs.
+setInterval(() => {
+  if (state && [...state.runs.values()].some((r) => !TERMINAL.has(r.status))) queueRender();
+}, 1000);
