@@ -3,8 +3,9 @@
 ``uv run --no-sync python -m bench.llm_bench [--runs N]``: starts a nats-server, the fake provider in its own
 process (so its CPU is not counted), and an in-process worker. It measures, sequentially:
 
-- the bare SDK call: ``AsyncOpenAI.chat.completions.create(stream=True)`` and reading every chunk
-  (p50 wall time, CPU per call);
+- the bare SDK call: ``AsyncOpenAI.chat.completions.create(stream=True)`` with the very request bodies one
+  Plexus run sends (recorded, then replayed: tools and conversation included) and reading every chunk (p50
+  wall time, CPU per call);
 - a Plexus run of 2 model turns + 1 tool call (a message to an `LLMAgent`, journaled, budget consumed,
   deltas and progress published), p50 wall time and CPU per run.
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -55,27 +57,23 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
         return a + b
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
-    messages: Any = [{"role": "user", "content": "2+3?"}]
+    # The baseline is the same SDK work the loop does: the two requests of a run, byte for byte (tools and
+    # the growing conversation included), recorded from one Plexus run and replayed bare. A bare call with
+    # a shorter body would count the SDK's own request/response handling of the longer one as our overhead.
+    bodies: list[dict[str, Any]] = []
 
-    async def bare() -> None:
-        stream = await client.chat.completions.create(
-            model="m",
-            messages=messages,
-            stream=True,
-            stream_options={"include_usage": True},
-        )
+    async def recording_create(**body: Any) -> Any:
+        bodies.append(body)
+        return await client.chat.completions.create(**body)
+
+    recorder: Any = SimpleNamespace(
+        chat=SimpleNamespace(completions=SimpleNamespace(create=recording_create))
+    )
+
+    async def bare(body: dict[str, Any]) -> None:
+        stream = await client.chat.completions.create(**body)
         async for _ in stream:
             pass
-
-    for _ in range(20):
-        await bare()
-    bare_wall: list[float] = []
-    cpu0 = time.process_time()
-    for _ in range(runs * 2):
-        t0 = time.perf_counter()
-        await bare()
-        bare_wall.append(time.perf_counter() - t0)
-    bare_cpu = (time.process_time() - cpu0) / (runs * 2)
 
     server = None if nats_url else NatsServer()
     if server is not None:
@@ -86,11 +84,28 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
         app.register(
             "bench", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], journal=journal)
         )
+        app.register(
+            "record", lambda _id: LLMAgent(OpenAIChatModel(recorder, "m"), tools=[add], journal=journal)
+        )
         wrt = await Runtime.connect(url)
         worker = Worker(app, wrt, WorkerConfig())
         await worker.start()
         rt = await Runtime.connect(url)
         try:
+            await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
+            if len(bodies) != 2:
+                raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
+            for _ in range(10):
+                for body in bodies:
+                    await bare(body)
+            bare_wall: list[float] = []
+            cpu0 = time.process_time()
+            for _ in range(runs):
+                for body in bodies:
+                    t0 = time.perf_counter()
+                    await bare(body)
+                    bare_wall.append(time.perf_counter() - t0)
+            bare_cpu = (time.process_time() - cpu0) / (runs * 2)
 
             async def one(i: int) -> None:
                 await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
