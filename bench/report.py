@@ -269,7 +269,11 @@ def _value(v: dict[str, Any]) -> str:
     value = v["value"]
     if value is None:
         return "n/a"
-    return f"{value:,.0f} B" if "KB" in v["target"] else f"{value:.2f}×"
+    if "KB" in v["target"]:
+        return f"{value:,.0f} B"
+    if v["target"].endswith(" ms"):  # a latency target: the value is in milliseconds, not a ratio
+        return f"{value:.2f} ms"
+    return f"{value:.2f}×"
 
 
 def update_docs(path: Path, markdown: str) -> bool:
