@@ -35,6 +35,7 @@ from ._orchestration import (
     orch_subject,
     run_key,
 )
+from ._outage import ServiceUnavailableError
 from ._subjects import escape_token
 from ._supervisor import LocalSupervisor
 from ._telemetry import trace_headers
@@ -47,17 +48,6 @@ __all__ = ["ClusterSupervisor", "OrchestratorClient", "RunControl", "ServiceUnav
 R = TypeVar("R")
 
 _DIMENSIONS = (("tokens", "max_tokens"), ("cost_micros", "max_cost_usd"), ("turns", "max_turns"))
-
-
-class ServiceUnavailableError(KernelError):
-    """No instance of a Plexus service (e.g. the orchestrator) answered in time."""
-
-    fields = ("service",)
-    recoverable = True
-
-    def __init__(self, service: str) -> None:
-        self.service = service
-        super().__init__(f"no {service} instance answered; is it running?")
 
 
 _tracer = trace.get_tracer("plexus.runtime")

@@ -5,7 +5,23 @@ from __future__ import annotations
 import nats.errors
 import nats.js.errors
 
-from ._cluster import ServiceUnavailableError
+from plexus.core import KernelError
+
+__all__ = ["ServiceUnavailableError", "is_nats_outage", "is_unavailable"]
+
+
+# Defined here, below the orchestrator client that raises it, so that the topology (which asks
+# `is_unavailable`) does not import the client: no import circle.
+class ServiceUnavailableError(KernelError):
+    """No instance of a Plexus service (e.g. the orchestrator) answered in time."""
+
+    fields = ("service",)
+    recoverable = True
+
+    def __init__(self, service: str) -> None:
+        self.service = service
+        super().__init__(f"no {service} instance answered; is it running?")
+
 
 #: Raised by nats-py only: a handler that raises one met an outage through its context's calls.
 _NATS_UNAVAILABLE = (
