@@ -19,7 +19,7 @@ from nats.aio.msg import Msg
 
 from plexus.core import AgentId, AgentProgress, KernelError, RetryPolicy, RunId, SpawnBudget, TextBlock
 from plexus.runtime import Runtime
-from plexus.runtime._envelope import RunInfo, decode_reply, encode_envelope
+from plexus.runtime.wire._envelope import RunInfo, decode_reply, encode_envelope
 from tests.runtime.apps_misc import acked, dead_letters, envelope, good_headers
 from tests.runtime.conftest import WorkerProcess
 

@@ -27,10 +27,10 @@ from plexus.core import (
     TextBlock,
 )
 from plexus.runtime import Runtime, escape_token
-from plexus.runtime._cluster import ServiceUnavailableError
-from plexus.runtime._leases import LeaseManager
-from plexus.runtime._orchestration import RunRecord, budget_counter_subject
+from plexus.runtime.client._cluster import ServiceUnavailableError
 from plexus.runtime.orchestration import TERMINAL, RunStatus
+from plexus.runtime.store._leases import LeaseManager
+from plexus.runtime.wire._orchestration import RunRecord, budget_counter_subject
 from tests.runtime.conftest import WorkerProcess
 
 from .conftest import OrchestratorProcess

@@ -13,9 +13,9 @@ import time
 import msgspec
 
 from plexus.core import MessageId, RunId, TextBlock
-from plexus.runtime._envelope import Envelope, RunInfo, encode_envelope, payload_from_blocks
-from plexus.runtime._orchestration import CancelNotice, FinishedReport, StartRunRequest
-from plexus.runtime._subjects import Subjects
+from plexus.runtime.wire._envelope import Envelope, RunInfo, encode_envelope, payload_from_blocks
+from plexus.runtime.wire._orchestration import CancelNotice, FinishedReport, StartRunRequest
+from plexus.runtime.wire._subjects import Subjects
 
 from .mutate import VICTIM, Shot
 

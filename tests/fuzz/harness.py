@@ -37,7 +37,7 @@ from plexus.runtime import (
     TypeSubscription,
     encode_envelope,
 )
-from plexus.runtime._envelope import payload_from_blocks
+from plexus.runtime.wire._envelope import payload_from_blocks
 
 from .mutate import KEYS, VICTIM, Shot, shot
 

@@ -16,8 +16,8 @@ from typing import Any
 import msgspec
 
 from plexus.core import MessageId, RunId, TextBlock
-from plexus.runtime._envelope import Envelope, RunInfo, encode_envelope, payload_from_blocks
-from plexus.runtime._orchestration import (
+from plexus.runtime.wire._envelope import Envelope, RunInfo, encode_envelope, payload_from_blocks
+from plexus.runtime.wire._orchestration import (
     CancelNotice,
     CancelRequest,
     CrashReport,
@@ -27,7 +27,7 @@ from plexus.runtime._orchestration import (
     SpawnRequest,
     StartRunRequest,
 )
-from plexus.runtime._subjects import Subjects
+from plexus.runtime.wire._subjects import Subjects
 
 #: Keys the fuzzer aims at (the liveness rounds use keys of their own, so they never meet fuzzed state).
 KEYS = [f"f{i}" for i in range(8)]

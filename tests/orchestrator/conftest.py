@@ -18,7 +18,7 @@ from nats.js.api import DeliverPolicy
 from plexus.core import KernelError
 from plexus.orchestrator import VERBS, Orchestrator, OrchestratorConfig, SweeperConfig
 from plexus.runtime import NatsServer, Runtime
-from plexus.runtime._orchestration import (
+from plexus.runtime.wire._orchestration import (
     RunRecord,
     TreeRecord,
     cancel_subject,
@@ -27,7 +27,7 @@ from plexus.runtime._orchestration import (
     run_key,
     tree_key,
 )
-from plexus.runtime._subjects import Subjects, escape_token
+from plexus.runtime.wire._subjects import Subjects, escape_token
 
 T = TypeVar("T")
 

@@ -27,7 +27,7 @@ from plexus.core import (
 )
 from plexus.orchestrator import VERBS, Orchestrator, OrchestratorConfig, SweeperConfig
 from plexus.runtime import AgentTypeInfo, NatsServer, Runtime, WorkerInfo
-from plexus.runtime._orchestration import (
+from plexus.runtime.wire._orchestration import (
     FinishedReport,
     RunNotFoundError,
     RunRecord,

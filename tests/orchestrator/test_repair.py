@@ -10,8 +10,8 @@ import pytest
 from plexus.core import AgentId, SpawnBudget, TextBlock
 from plexus.orchestrator import Orchestrator, RunStore
 from plexus.runtime import Runtime
-from plexus.runtime._envelope import decode_envelope, payload_from_blocks
-from plexus.runtime._orchestration import (
+from plexus.runtime.wire._envelope import decode_envelope, payload_from_blocks
+from plexus.runtime.wire._orchestration import (
     RunRecord,
     RunStatus,
     Slot,
@@ -19,7 +19,7 @@ from plexus.runtime._orchestration import (
     SpawnRequest,
     TreeRecord,
 )
-from plexus.runtime._subjects import Subjects, inbox_partition
+from plexus.runtime.wire._subjects import Subjects, inbox_partition
 
 from .conftest import Broadcasts, call, wait_deleted, wait_status, wait_tree
 

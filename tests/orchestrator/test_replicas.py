@@ -17,8 +17,8 @@ import pytest
 
 from plexus.core import AgentId, ExecutionBudget, KernelError, SpawnBudget, SpawnDenied, TextBlock
 from plexus.runtime import NatsServer, Runtime
-from plexus.runtime._cluster import ServiceUnavailableError
-from plexus.runtime._orchestration import (
+from plexus.runtime.client._cluster import ServiceUnavailableError
+from plexus.runtime.wire._orchestration import (
     ORCH_SERVICE_NAME,
     TERMINAL,
     FinishedReport,
@@ -27,7 +27,7 @@ from plexus.runtime._orchestration import (
     SpawnRequest,
     budget_counter_subject,
 )
-from plexus.runtime._subjects import escape_token
+from plexus.runtime.wire._subjects import escape_token
 
 from .conftest import all_runs, call, until_serving, wait_status
 

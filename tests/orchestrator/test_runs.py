@@ -22,9 +22,9 @@ from plexus.core import (
 )
 from plexus.orchestrator import ORCHESTRATOR_TYPE, Orchestrator, RunDecision
 from plexus.runtime import Runtime
-from plexus.runtime._envelope import blocks_from_payload, decode_envelope, payload_from_blocks
-from plexus.runtime._eventlog import EventLog
-from plexus.runtime._orchestration import (
+from plexus.runtime.store._eventlog import EventLog
+from plexus.runtime.wire._envelope import blocks_from_payload, decode_envelope, payload_from_blocks
+from plexus.runtime.wire._orchestration import (
     CrashReport,
     FinishedReport,
     RunRecord,
@@ -34,7 +34,7 @@ from plexus.runtime._orchestration import (
     budget_counter_subject,
     tree_key,
 )
-from plexus.runtime._subjects import Subjects, escape_token, inbox_partition
+from plexus.runtime.wire._subjects import Subjects, escape_token, inbox_partition
 
 from .conftest import Broadcasts, StartReplica, call, decisions, wait_status
 

@@ -12,7 +12,7 @@ import pytest
 from plexus.core import AgentId, ExecutionBudget, KernelError, TextBlock
 from plexus.orchestrator import VERBS, Orchestrator
 from plexus.runtime import Runtime
-from plexus.runtime._orchestration import (
+from plexus.runtime.wire._orchestration import (
     ORCH_SERVICE_NAME,
     RunStatus,
     orch_subject,

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from plexus.core import AgentId, KernelError, Priority, SpawnBudget, SpawnDenied, TextBlock
 from plexus.orchestrator import Orchestrator, admit, choose_victim, release, running_count
 from plexus.runtime import Runtime
-from plexus.runtime._orchestration import (
+from plexus.runtime.wire._orchestration import (
     FinishedReport,
     RunRecord,
     RunStatus,

@@ -22,8 +22,8 @@ from nats.js.errors import NotFoundError
 
 from plexus.core import AgentId, BaseBlock, BudgetExhaustedError, KernelError, MessageId, TextBlock
 from plexus.runtime import Agent, App, Context, NatsServer, Runtime, Worker, WorkerConfig
-from plexus.runtime._envelope import Envelope, decode_reply, encode_envelope, payload_from_blocks
-from plexus.runtime._subjects import escape_token
+from plexus.runtime.wire._envelope import Envelope, decode_reply, encode_envelope, payload_from_blocks
+from plexus.runtime.wire._subjects import escape_token
 
 
 class Echo(Agent):

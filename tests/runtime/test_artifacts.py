@@ -25,7 +25,8 @@ from plexus.core._content import (
     content_blocks_to_json,
 )
 from plexus.core._errors import KernelError
-from plexus.runtime._artifacts import (
+from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.store._artifacts import (
     DEFAULT_INLINE_LIMIT,
     ArtifactNotFoundError,
     ArtifactStore,
@@ -37,8 +38,7 @@ from plexus.runtime._artifacts import (
     max_payload_of,
     safe_publish,
 )
-from plexus.runtime._server import NatsServer
-from plexus.runtime._topology import ensure_topology
+from plexus.runtime.store._topology import ensure_topology
 
 PNG = b"\x89PNG\r\n\x1a\n"
 LIMIT = 1024

@@ -33,8 +33,8 @@ from plexus.core import (
 )
 from plexus.core._content import content_blocks_to_json
 from plexus.runtime import Interceptor, NatsServer, PayloadTooLargeError, Runtime, SendInput
-from plexus.runtime._artifacts import is_artifact_id
-from plexus.runtime._envelope import Envelope, RunInfo, decode_reply, encode_envelope
+from plexus.runtime.store._artifacts import is_artifact_id
+from plexus.runtime.wire._envelope import Envelope, RunInfo, decode_reply, encode_envelope
 
 from .apps_misc import (
     DEADLINE,

@@ -12,10 +12,10 @@ from nats.aio.client import Client as NATS
 from nats.js.kv import KeyValue
 
 from plexus.core._errors import KernelError
-from plexus.runtime._artifacts import PayloadTooLargeError
-from plexus.runtime._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
-from plexus.runtime._server import NatsServer
-from plexus.runtime._topology import ensure_topology
+from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.store._artifacts import PayloadTooLargeError
+from plexus.runtime.store._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
+from plexus.runtime.store._topology import ensure_topology
 
 KEY = "default.chat.s1"
 

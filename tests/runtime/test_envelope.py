@@ -24,7 +24,8 @@ from plexus.core._content import (
     UnknownBlock,
 )
 from plexus.core._errors import BudgetExhaustedError, KernelError
-from plexus.runtime._envelope import (
+from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
     HDR_VERSION,
     WIRE_VERSION,
@@ -42,7 +43,6 @@ from plexus.runtime._envelope import (
     payload_from_blocks,
     trace_headers,
 )
-from plexus.runtime._server import NatsServer
 
 MSG_ID = "01JD3W6Q2V6C7X4N8B9M0P1R2S"
 texts = st.text(alphabet=st.characters(exclude_categories=["Cs"]), max_size=12)

@@ -14,10 +14,10 @@ from nats.js import JetStreamContext
 
 from plexus.core._errors import ConcurrentAppendError, KernelError
 from plexus.core._messages import InputMessage, ReplyMessage, UnknownMessage
-from plexus.runtime._artifacts import PayloadTooLargeError
-from plexus.runtime._eventlog import EventLog, LogRecord
-from plexus.runtime._server import NatsServer
-from plexus.runtime._topology import ensure_topology
+from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.store._artifacts import PayloadTooLargeError
+from plexus.runtime.store._eventlog import EventLog, LogRecord
+from plexus.runtime.store._topology import ensure_topology
 
 SUBJECT = "px.default.evlog.chat.s1"
 WAIT = 10.0  # deadline for every await on a live event

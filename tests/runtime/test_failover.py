@@ -28,11 +28,11 @@ from nats.js import api as js_api
 
 from plexus.core import AgentId, AgentProgress, MessageId, RunMessageReceived, TextBlock
 from plexus.runtime import Runtime
-from plexus.runtime._envelope import RunInfo
-from plexus.runtime._leases import LeaseManager
-from plexus.runtime._partitions import _Puller
-from plexus.runtime._subjects import consumer_name, inbox_partition, lease_key
-from plexus.runtime._supervisor import new_root_run
+from plexus.runtime.client._supervisor import new_root_run
+from plexus.runtime.store._leases import LeaseManager
+from plexus.runtime.wire._envelope import RunInfo
+from plexus.runtime.wire._subjects import consumer_name, inbox_partition, lease_key
+from plexus.runtime.worker._partitions import _Puller
 
 from .apps_failover import app as ledger_app
 from .conftest import StartWorker, WorkerProcess

@@ -13,8 +13,8 @@ import pytest_asyncio
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, MessageId, ProtocolError, RunId, TextBlock
-from plexus.runtime._envelope import Envelope, encode_envelope
-from plexus.runtime._supervisor import child_run_id
+from plexus.runtime.client._supervisor import child_run_id
+from plexus.runtime.wire._envelope import Envelope, encode_envelope
 
 from .apps_misc import (
     DEADLINE,

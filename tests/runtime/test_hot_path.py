@@ -12,7 +12,7 @@ import pytest_asyncio
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, MessageId, ProtocolError, TextBlock
-from plexus.runtime._envelope import encode_envelope
+from plexus.runtime.wire._envelope import encode_envelope
 
 from .apps_misc import DEADLINE, Served, envelope, reply_error, serving
 

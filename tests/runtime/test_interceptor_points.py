@@ -24,7 +24,7 @@ from plexus.runtime import (
     TypeSubscription,
     UsageInput,
 )
-from plexus.runtime._interceptors import HandleInput, HandleNext, chain, overrides
+from plexus.runtime.interceptors._interceptors import HandleInput, HandleNext, chain, overrides
 
 from .conftest import StartWorker
 

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from plexus.runtime._leases import Lease, LeaseKeeper, LeaseManager, fair_share, plan_partitions
+from plexus.runtime.store._leases import Lease, LeaseKeeper, LeaseManager, fair_share, plan_partitions
 
 KEY = "default.echo.0"
 

@@ -12,7 +12,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
-from plexus.runtime._registry import (
+from plexus.runtime.store._registry import (
     AgentTypeInfo,
     AgentTypeNotFoundError,
     KVMirror,

@@ -25,9 +25,9 @@ import pytest
 
 from plexus.core import AgentId, BaseBlock, KernelError, SpawnBudget, TextBlock
 from plexus.runtime import Agent, App, Context, NatsServer, PayloadTooLargeError, Runtime
-from plexus.runtime._cluster import ServiceUnavailableError
-from plexus.runtime._leases import LeaseManager
-from plexus.runtime._subjects import consumer_name, inbox_partition, lease_key
+from plexus.runtime.client._cluster import ServiceUnavailableError
+from plexus.runtime.store._leases import LeaseManager
+from plexus.runtime.wire._subjects import consumer_name, inbox_partition, lease_key
 
 from .conftest import REPO, StartWorker
 

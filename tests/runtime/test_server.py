@@ -9,7 +9,7 @@ from pathlib import Path
 import nats
 import pytest
 
-from plexus.runtime._server import NatsCluster, NatsServer, NatsServerError
+from plexus.runtime.ops._server import NatsCluster, NatsServer, NatsServerError
 
 
 async def test_fixture_server_has_jetstream(nats_server: NatsServer) -> None:

@@ -13,8 +13,8 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 from nats.js.api import ConsumerConfig, StreamConfig, SubjectTransform
 
-from plexus.runtime._server import NatsServer
-from plexus.runtime._subjects import (
+from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.wire._subjects import (
     ALL_BUCKETS,
     ALL_STREAMS,
     BUCKET_CHECKPOINTS,

@@ -11,7 +11,7 @@ from nats.aio.client import Client
 from nats.js.kv import KeyValue
 
 from plexus.core._identity import AgentId, TopicId
-from plexus.runtime._subscriptions import (
+from plexus.runtime.store._subscriptions import (
     Subscription,
     SubscriptionNotFoundError,
     SubscriptionTable,

@@ -14,7 +14,7 @@ from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, TextBlock, TopicId
 from plexus.runtime import Agent, App, Context, Runtime, TypeSubscription
-from plexus.runtime._envelope import HDR_TOPIC_TO, Envelope, encode_envelope, payload_from_blocks
+from plexus.runtime.wire._envelope import HDR_TOPIC_TO, Envelope, encode_envelope, payload_from_blocks
 
 from .apps_misc import dead_letters
 from .conftest import StartWorker

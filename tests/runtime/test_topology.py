@@ -14,15 +14,15 @@ from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy
 
 from plexus.runtime import App, Runtime, Worker, WorkerConfig
-from plexus.runtime._server import NatsServer
-from plexus.runtime._subjects import inbox_partition, unescape_token
-from plexus.runtime._topology import (
+from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.store._topology import (
     DLQ_MAX_AGE_S,
     TopologyConflictError,
     TopologyNames,
     ensure_topology,
     inbox_transform,
 )
+from plexus.runtime.wire._subjects import inbox_partition, unescape_token
 
 
 def partition_for(key_token: str, partitions: int) -> int:
@@ -156,7 +156,7 @@ async def test_concurrent_calls_with_different_compatible_settings(nats_server: 
 
 _CHILD = """
 import asyncio, sys, nats
-from plexus.runtime._topology import ensure_topology
+from plexus.runtime.store._topology import ensure_topology
 
 async def main() -> None:
     nc = await nats.connect(sys.argv[1])

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from plexus.core import AgentId, MessageId, TextBlock
 from plexus.runtime import Runtime
-from plexus.runtime._envelope import Envelope, encode_envelope, payload_from_blocks
+from plexus.runtime.wire._envelope import Envelope, encode_envelope, payload_from_blocks
 
 from .apps_misc import DEADLINE, build_app
 from .conftest import StartWorker

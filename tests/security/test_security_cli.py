@@ -96,7 +96,7 @@ def test_permissions_prints_a_role_for_operator_jwt_mode(capsys: pytest.CaptureF
     """Operator/JWT (nsc) deployments give each user the same permissions as `security init` does."""
     import json
 
-    from plexus.runtime._permissions import role_permissions
+    from plexus.runtime.ops._permissions import role_permissions
 
     assert main(["security", "permissions", "worker", "--tenant", "acme", "--worker-types", "ledger"]) == 0
     printed = json.loads(capsys.readouterr().out)

@@ -12,26 +12,12 @@ Public API (everything else is private and may change):
 
 from ._agent import Agent, AgentFactory, AgentType
 from ._app import App
-from ._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
-from ._auth import NatsAuth, NatsAuthError
-from ._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
-from ._client import Runtime
-from ._cluster import ServiceUnavailableError
-from ._connection import Connection
 from ._context import Context
-from ._envelope import (
-    WIRE_VERSION,
-    Envelope,
-    Reply,
-    RunInfo,
-    WireError,
-    blocks_from_payload,
-    encode_envelope,
-    make_headers,
-)
-from ._eventlog import EventLog, LogRecord
-from ._health import HealthServer
-from ._interceptors import (
+from .client._client import Runtime
+from .client._cluster import ServiceUnavailableError
+from .client._connection import Connection
+from .client._supervisor import LocalSupervisor, Supervisor, new_root_run
+from .interceptors._interceptors import (
     DeadlineInterceptor,
     Delivery,
     HandleInput,
@@ -43,18 +29,32 @@ from ._interceptors import (
     TracingInterceptor,
     UsageInput,
 )
-from ._metrics import MetricsInterceptor
-from ._outage import is_unavailable
-from ._registry import AgentTypeInfo, Registry, WorkerInfo
-from ._security import SecurityLayout, security_init
-from ._server import NatsCluster, NatsServer, NatsServerError
-from ._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
-from ._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
-from ._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
-from ._supervisor import LocalSupervisor, Supervisor, new_root_run
-from ._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics_enabled, trace_headers
-from ._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
-from ._worker import Worker, WorkerConfig
+from .interceptors._metrics import MetricsInterceptor
+from .ops._auth import NatsAuth, NatsAuthError
+from .ops._health import HealthServer
+from .ops._security import SecurityLayout, security_init
+from .ops._server import NatsCluster, NatsServer, NatsServerError
+from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
+from .ops._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics_enabled, trace_headers
+from .store._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
+from .store._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
+from .store._eventlog import EventLog, LogRecord
+from .store._outage import is_unavailable
+from .store._registry import AgentTypeInfo, Registry, WorkerInfo
+from .store._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
+from .store._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
+from .wire._envelope import (
+    WIRE_VERSION,
+    Envelope,
+    Reply,
+    RunInfo,
+    WireError,
+    blocks_from_payload,
+    encode_envelope,
+    make_headers,
+)
+from .wire._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
+from .worker._worker import Worker, WorkerConfig
 
 __all__ = [
     "INSTRUMENTS",

@@ -12,7 +12,7 @@ from typing import Any, TypeVar
 from plexus.core import DEFAULT_NAMESPACE, AgentId, RetryPolicy
 
 from ._agent import Agent, AgentFactory, AgentType
-from ._interceptors import Interceptor
+from .interceptors._interceptors import Interceptor
 
 __all__ = ["App"]
 

@@ -24,8 +24,8 @@ from plexus.core import (
 )
 
 if TYPE_CHECKING:
-    from ._envelope import RunInfo
-    from ._eventlog import EventLog
+    from .store._eventlog import EventLog
+    from .wire._envelope import RunInfo
 
 __all__ = ["Context", "ContextBackend"]
 

@@ -22,14 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from ._app import App
-from ._auth import NatsAuthError
-from ._client import Runtime
-from ._health import HealthServer
-from ._security import add_security_command
-from ._server import NatsServer
-from ._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
-from ._telemetry import configure_telemetry
-from ._worker import Worker, WorkerConfig
+from .client._client import Runtime
+from .ops._auth import NatsAuthError
+from .ops._health import HealthServer
+from .ops._security import add_security_command
+from .ops._server import NatsServer
+from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
+from .ops._telemetry import configure_telemetry
+from .worker._worker import Worker, WorkerConfig
 
 __all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
 

@@ -8,7 +8,7 @@ this module instead of the runtime's private ones (an import-linter contract enf
 
 from __future__ import annotations
 
-from ._orchestration import (
+from .wire._orchestration import (
     APPROVAL_KEY,
     COST_SCALE,
     ORCH_SERVICE_NAME,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ._server import NatsCluster, NatsServer
+from .ops._server import NatsCluster, NatsServer
 
 __all__ = ["NatsCluster", "NatsServer", "nats_cluster", "nats_server", "nats_url"]
 

@@ -39,9 +39,9 @@ from nats.js.kv import KeyValue
 from nats.js.object_store import ObjectStore
 
 from plexus.core import KernelError
+from plexus.runtime.wire._subjects import inbox_transform as _subject_transform
 
 from ._outage import is_unavailable
-from ._subjects import inbox_transform as _subject_transform
 
 _log = logging.getLogger(__name__)
 

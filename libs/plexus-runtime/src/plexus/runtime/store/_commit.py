@@ -12,14 +12,13 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from plexus.core import AgentId, ReplyMessage, RunMessageReceived
-
-from ._activation import Activation, ActivationTable
-from ._envelope import Reply
-from ._work import _reply_text, _Work
+from plexus.runtime.wire._envelope import Reply
+from plexus.runtime.worker._activation import Activation, ActivationTable
+from plexus.runtime.worker._work import _reply_text, _Work
 
 if TYPE_CHECKING:
-    from ._client import Runtime
-    from ._context import Context
+    from plexus.runtime._context import Context
+    from plexus.runtime.client._client import Runtime
 
 __all__ = ["Committer"]
 

@@ -27,8 +27,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
 from plexus.core import AgentId
-
-from ._subjects import escape_token
+from plexus.runtime.wire._subjects import escape_token
 
 __all__ = [
     "AgentTypeInfo",

@@ -23,10 +23,10 @@ from opentelemetry import propagate, trace
 from plexus.core import AgentId, AgentStep, BaseBlock, CancellationError, TopicId, Usage
 
 if TYPE_CHECKING:
-    from ._agent import Agent, AgentType
-    from ._connection import Connection
-    from ._context import Context
-    from ._envelope import Envelope
+    from plexus.runtime._agent import Agent, AgentType
+    from plexus.runtime._context import Context
+    from plexus.runtime.client._connection import Connection
+    from plexus.runtime.wire._envelope import Envelope
 
 __all__ = [
     "DeadlineInterceptor",

@@ -17,10 +17,9 @@ import msgspec
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, AgentNotFoundError, BaseBlock, ProtocolError, TopicId
-
-from ._app import App
-from ._deadletter import dead_letter
-from ._envelope import (
+from plexus.runtime._app import App
+from plexus.runtime.client._supervisor import new_root_run
+from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
     HDR_VERSION,
     Envelope,
@@ -31,12 +30,13 @@ from ._envelope import (
     encode_reply,
     topic_copy_id,
 )
-from ._subjects import SubjectTooLongError, checkpoint_key, reply_subject_problem
-from ._supervisor import new_root_run
+from plexus.runtime.wire._subjects import SubjectTooLongError, checkpoint_key, reply_subject_problem
+
+from ._deadletter import dead_letter
 from ._work import _envelope_problem, _Work
 
 if TYPE_CHECKING:
-    from ._client import Runtime
+    from plexus.runtime.client._client import Runtime
 
 __all__ = ["Intake"]
 

@@ -10,9 +10,9 @@ from __future__ import annotations
 import time
 
 from plexus.core import BaseBlock
+from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 
 from ._interceptors import HandleInput, HandleNext, Interceptor, UsageInput, UsageNext
-from ._telemetry import INSTRUMENTS, metrics_enabled
 
 __all__ = ["MetricsInterceptor"]
 

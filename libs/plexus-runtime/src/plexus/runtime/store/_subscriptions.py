@@ -21,9 +21,9 @@ from nats.js.kv import KeyValue
 from ulid import ULID
 
 from plexus.core import DEFAULT_NAMESPACE, AgentId, TopicId
+from plexus.runtime.wire._subjects import escape_token
 
 from ._registry import KVMirror, kv_snapshot
-from ._subjects import escape_token
 
 __all__ = [
     "Subscription",

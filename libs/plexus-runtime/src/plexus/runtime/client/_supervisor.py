@@ -16,8 +16,7 @@ from typing import Protocol
 from ulid import ULID
 
 from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, MessageId, Priority, RunId, Usage
-
-from ._envelope import RunInfo
+from plexus.runtime.wire._envelope import RunInfo
 
 __all__ = ["LocalSupervisor", "Supervisor", "child_run_id", "new_root_run"]
 

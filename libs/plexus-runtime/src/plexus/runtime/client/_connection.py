@@ -12,10 +12,10 @@ from dataclasses import dataclass
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
-from ._artifacts import ArtifactStore
-from ._registry import Registry
-from ._subjects import Subjects
-from ._topology import Topology
+from plexus.runtime.store._artifacts import ArtifactStore
+from plexus.runtime.store._registry import Registry
+from plexus.runtime.store._topology import Topology
+from plexus.runtime.wire._subjects import Subjects
 
 __all__ = ["Connection"]
 

@@ -17,10 +17,15 @@ from opentelemetry import context as otel_context
 from opentelemetry import propagate
 
 from plexus.core import KernelError
+from plexus.runtime.client._cluster import OrchestratorClient
+from plexus.runtime.wire._envelope import Reply
+from plexus.runtime.wire._orchestration import (
+    FinishedReport,
+    InvalidRunRequest,
+    RunNotFoundError,
+    RunStateError,
+)
 
-from ._cluster import OrchestratorClient
-from ._envelope import Reply
-from ._orchestration import FinishedReport, InvalidRunRequest, RunNotFoundError, RunStateError
 from ._work import _is_run_entry, _Work
 
 __all__ = ["RunEndReporter"]

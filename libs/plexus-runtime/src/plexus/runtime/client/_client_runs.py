@@ -26,11 +26,11 @@ from plexus.core import (
     StreamEvent,
     stream_event_from_json,
 )
-
-from ._artifacts import ArtifactStore
-from ._cluster import OrchestratorClient
-from ._envelope import blocks_from_payload, payload_from_blocks
-from ._orchestration import (
+from plexus.runtime.store._artifacts import ArtifactStore
+from plexus.runtime.store._outage import is_unavailable
+from plexus.runtime.store._topology import Topology
+from plexus.runtime.wire._envelope import blocks_from_payload, payload_from_blocks
+from plexus.runtime.wire._orchestration import (
     TERMINAL,
     ApproveRequest,
     CancelRequest,
@@ -41,9 +41,9 @@ from ._orchestration import (
     StartRunRequest,
     run_key,
 )
-from ._outage import is_unavailable
-from ._subjects import Subjects, escape_token
-from ._topology import Topology
+from plexus.runtime.wire._subjects import Subjects, escape_token
+
+from ._cluster import OrchestratorClient
 
 __all__ = ["RunsClient"]
 

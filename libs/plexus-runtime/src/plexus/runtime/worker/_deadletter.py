@@ -7,13 +7,13 @@ from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
 
-from ._artifacts import headers_size
-from ._envelope import Envelope
-from ._subjects import Subjects
-from ._telemetry import INSTRUMENTS, metrics_enabled
+from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
+from plexus.runtime.store._artifacts import headers_size
+from plexus.runtime.wire._envelope import Envelope
+from plexus.runtime.wire._subjects import Subjects
 
 if TYPE_CHECKING:
-    from ._client import Runtime
+    from plexus.runtime.client._client import Runtime
 
 __all__ = ["dead_letter"]
 

@@ -28,18 +28,26 @@ from plexus.core import (
     KernelError,
     ProtocolError,
 )
-
-from ._activation import Activation, ActivationTable
-from ._app import App
-from ._artifacts import PayloadTooLargeError
-from ._backend import WorkerBackend
-from ._checkpoints import CheckpointConflictError, CheckpointStore
-from ._client import Runtime
-from ._cluster import ClusterSupervisor, OrchestratorClient, RunControl
-from ._commit import Committer
-from ._context import Context
-from ._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor
-from ._envelope import (
+from plexus.runtime._app import App
+from plexus.runtime._context import Context
+from plexus.runtime.client._client import Runtime
+from plexus.runtime.client._cluster import ClusterSupervisor, OrchestratorClient, RunControl
+from plexus.runtime.interceptors._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor
+from plexus.runtime.interceptors._interceptors import (
+    DeadlineInterceptor,
+    HandleInput,
+    TracingInterceptor,
+    chain,
+)
+from plexus.runtime.interceptors._metrics import MetricsInterceptor
+from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
+from plexus.runtime.store._artifacts import PayloadTooLargeError
+from plexus.runtime.store._checkpoints import CheckpointConflictError, CheckpointStore
+from plexus.runtime.store._commit import Committer
+from plexus.runtime.store._leases import LeaseManager
+from plexus.runtime.store._outage import is_nats_outage, is_unavailable
+from plexus.runtime.store._registry import AgentTypeInfo
+from plexus.runtime.wire._envelope import (
     HDR_TOPIC_TO,
     RESEND,
     Envelope,
@@ -48,25 +56,14 @@ from ._envelope import (
     encode_reply,
     payload_from_blocks,
 )
+from plexus.runtime.wire._orchestration import CancelNotice, PauseNotice
+from plexus.runtime.wire._subjects import checkpoint_key, escape_token
+
+from ._activation import Activation, ActivationTable
+from ._backend import WorkerBackend
 from ._intake import Intake
-from ._interceptors import (
-    DeadlineInterceptor,
-    HandleInput,
-    TracingInterceptor,
-    chain,
-)
-from ._leases import LeaseManager
-from ._metrics import MetricsInterceptor
-from ._orchestration import (
-    CancelNotice,
-    PauseNotice,
-)
-from ._outage import is_nats_outage, is_unavailable
 from ._partitions import PartitionOwner
-from ._registry import AgentTypeInfo
 from ._runend import RunEndReporter
-from ._subjects import checkpoint_key, escape_token
-from ._telemetry import INSTRUMENTS, metrics_enabled
 from ._upkeep import Upkeep
 from ._work import (
     ACK,

@@ -21,9 +21,10 @@ from nats.errors import TimeoutError as NatsTimeoutError
 from opentelemetry import trace
 
 from plexus.core import AgentId, BudgetExhaustedError, ExecutionBudget, KernelError, RunId, Usage
-
-from ._envelope import RunInfo
-from ._orchestration import (
+from plexus.runtime.ops._telemetry import trace_headers
+from plexus.runtime.store._outage import ServiceUnavailableError
+from plexus.runtime.wire._envelope import RunInfo
+from plexus.runtime.wire._orchestration import (
     COST_SCALE,
     TERMINAL,
     CancelNotice,
@@ -35,10 +36,9 @@ from ._orchestration import (
     orch_subject,
     run_key,
 )
-from ._outage import ServiceUnavailableError
-from ._subjects import escape_token
+from plexus.runtime.wire._subjects import escape_token
+
 from ._supervisor import LocalSupervisor
-from ._telemetry import trace_headers
 
 if TYPE_CHECKING:
     from ._connection import Connection

@@ -28,18 +28,25 @@ from plexus.core import (
     TopicId,
     Usage,
 )
-
-from ._context import Context
-from ._eventlog import EventLog
-from ._interceptors import ProgressInput, PublishInput, SendInput, SpawnInput, UsageInput, chain
-from ._orchestration import FinishedReport
-from ._supervisor import LocalSupervisor, Supervisor, child_run_id, new_root_run
+from plexus.runtime._context import Context
+from plexus.runtime.client._supervisor import LocalSupervisor, Supervisor, child_run_id, new_root_run
+from plexus.runtime.interceptors._interceptors import (
+    ProgressInput,
+    PublishInput,
+    SendInput,
+    SpawnInput,
+    UsageInput,
+    chain,
+)
+from plexus.runtime.store._eventlog import EventLog
+from plexus.runtime.wire._orchestration import FinishedReport
 
 if TYPE_CHECKING:
+    from plexus.runtime._app import App
+    from plexus.runtime.client._client import Runtime
+    from plexus.runtime.client._cluster import OrchestratorClient
+
     from ._activation import Activation, ActivationTable
-    from ._app import App
-    from ._client import Runtime
-    from ._cluster import OrchestratorClient
 
 __all__ = ["WorkerBackend"]
 

@@ -34,13 +34,22 @@ from plexus.core import (
     RunId,
     TopicId,
 )
-
-from ._artifacts import ArtifactStore, check_payload_size, headers_size
-from ._auth import NatsAuth
-from ._client_runs import RunsClient
-from ._cluster import OrchestratorClient
-from ._connection import Connection
-from ._envelope import (
+from plexus.runtime.interceptors._interceptors import (
+    Interceptor,
+    PublishInput,
+    SendInput,
+    TracingInterceptor,
+    chain,
+)
+from plexus.runtime.ops._auth import NatsAuth
+from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.store._artifacts import ArtifactStore, check_payload_size, headers_size
+from plexus.runtime.store._eventlog import EventLog
+from plexus.runtime.store._outage import is_unavailable
+from plexus.runtime.store._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
+from plexus.runtime.store._subscriptions import Subscription, SubscriptionTable
+from plexus.runtime.store._topology import Topology, ensure_topology
+from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
     HDR_TOPIC_TO,
     RESEND,
@@ -55,15 +64,12 @@ from ._envelope import (
     payload_from_blocks,
     topic_copy_id,
 )
-from ._eventlog import EventLog
-from ._interceptors import Interceptor, PublishInput, SendInput, TracingInterceptor, chain
-from ._outage import is_unavailable
-from ._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
-from ._server import NatsServer
-from ._subjects import Subjects, checkpoint_key, escape_token
-from ._subscriptions import Subscription, SubscriptionTable
+from plexus.runtime.wire._subjects import Subjects, checkpoint_key, escape_token
+
+from ._client_runs import RunsClient
+from ._cluster import OrchestratorClient
+from ._connection import Connection
 from ._supervisor import new_root_run
-from ._topology import Topology, ensure_topology
 
 __all__ = ["Runtime"]
 

@@ -22,9 +22,9 @@ from nats.js import JetStreamContext
 from nats.js import api as js_api
 from nats.js.errors import NotFoundError
 
-from ._leases import Lease, LeaseManager, plan_partitions
-from ._subjects import Subjects, consumer_name, lease_key
-from ._telemetry import INSTRUMENTS
+from plexus.runtime.ops._telemetry import INSTRUMENTS
+from plexus.runtime.store._leases import Lease, LeaseManager, plan_partitions
+from plexus.runtime.wire._subjects import Subjects, consumer_name, lease_key
 
 __all__ = ["PartitionOwner"]
 

@@ -12,9 +12,8 @@ import msgspec
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, KernelError, MessageId, RunId
-
-from ._agent import AgentType
-from ._envelope import Envelope, Reply
+from plexus.runtime._agent import AgentType
+from plexus.runtime.wire._envelope import Envelope, Reply
 
 __all__ = ["WorkerConfig"]
 

@@ -14,16 +14,16 @@ from collections.abc import Callable
 from typing import Any
 
 from plexus.core import AgentId
+from plexus.runtime._agent import AgentType
+from plexus.runtime._app import App
+from plexus.runtime.client._client import Runtime
+from plexus.runtime.interceptors._control import _cancel_hard
+from plexus.runtime.store._registry import WorkerInfo
+from plexus.runtime.wire._subjects import inbox_partition
 
 from ._activation import ActivationTable
-from ._agent import AgentType
-from ._app import App
-from ._client import Runtime
-from ._control import _cancel_hard
 from ._mailbox import Mailboxes
 from ._partitions import PartitionOwner
-from ._registry import WorkerInfo
-from ._subjects import inbox_partition
 from ._work import WorkerConfig, _Work
 
 __all__ = ["Upkeep"]

@@ -18,10 +18,9 @@ from typing import Any
 import msgspec
 
 from plexus.core import AgentId
-
-from ._agent import Agent, AgentType
-from ._checkpoints import CheckpointStore
-from ._telemetry import INSTRUMENTS, metrics_enabled
+from plexus.runtime._agent import Agent, AgentType
+from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
+from plexus.runtime.store._checkpoints import CheckpointStore
 
 __all__ = ["Activation", "ActivationTable", "CheckpointDoc"]
 

@@ -15,12 +15,12 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from plexus.core import AgentCrashError, BaseBlock, CancellationError, KernelError, RetryPolicy
+from plexus.runtime._context import Context
+from plexus.runtime.client._cluster import OrchestratorClient, RunControl
+from plexus.runtime.wire._orchestration import CrashReport, attempt_counter_subject
+from plexus.runtime.wire._subjects import escape_token
 
-from ._cluster import OrchestratorClient, RunControl
-from ._context import Context
 from ._interceptors import HandleInput, HandleNext, Interceptor
-from ._orchestration import CrashReport, attempt_counter_subject
-from ._subjects import escape_token
 
 __all__ = ["RetriesExhausted", "RetryInterceptor", "RunControlInterceptor"]
 

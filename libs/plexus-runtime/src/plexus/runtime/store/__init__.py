@@ -1,0 +1,2 @@
+"""Where state lives in JetStream: topology, EventLogs, checkpoints, leases, registry, subscriptions,
+artifacts, commits, and which failures are outages."""

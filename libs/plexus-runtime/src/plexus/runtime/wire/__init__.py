@@ -1,0 +1,1 @@
+"""What travels: envelopes, subjects, the orchestration wire protocol."""
