@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 
-from plexus.core import AgentId, BaseBlock, DataBlock, KernelError, TextBlock
+from plexus.core import AgentId, BaseBlock, DataBlock, KernelError, TextBlock, Usage
+from plexus.llm import LLMAgent, ScriptedModel, ScriptedTurn, tool
 from plexus.runtime import Agent, App, Context
 from plexus.runtime.orchestration import APPROVAL_KEY
 
@@ -119,3 +120,32 @@ class Gatekeeper(Agent):
             return [TextBlock(text=f"{decision['call_id']} approved={decision['approved']}")]
         ctx.await_approval(["door-1"])
         return [TextBlock(text="waiting for door-1")]
+
+
+@tool
+def lookup(q: str) -> str:
+    """Look something up."""
+    return f"found {q}"
+
+
+def _scripted_llm(_id: AgentId) -> LLMAgent:
+    """Two model turns with a tool call between them, each with its own usage (nothing leaves the host)."""
+    return LLMAgent(
+        ScriptedModel(
+            [
+                ScriptedTurn(
+                    text="Looking it up.",
+                    tool_calls=[("c1", "lookup", {"q": "plexus"})],
+                    usage=Usage(input_tokens=120, cached_tokens=20, output_tokens=30, reasoning_tokens=10),
+                ),
+                ScriptedTurn(
+                    text="Found it.",
+                    usage=Usage(input_tokens=200, cached_tokens=100, output_tokens=40, reasoning_tokens=5),
+                ),
+            ]
+        ),
+        tools=[lookup],
+    )
+
+
+app.register("llm", _scripted_llm, description="a scripted LLM agent: two turns and a tool call")

@@ -143,6 +143,20 @@ async def test_workers_page_lists_live_workers(gw: Stack, page: Page) -> None:
     )
 
 
+async def test_each_llm_agent_shows_its_model_usage_and_the_tree_rolls_it_up(gw: Stack, page: Page) -> None:
+    """Tokens in / out / cached / reasoning per node, from the usage plexus.llm reports with its progress."""
+    started = await gw.client.post("/v1/runs", json={"agent_id": "llm/ui", "input": text("what is plexus?")})
+    run_id = started.json()["run_id"]
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}")
+    usage = page.locator('li.tree-node[data-agent="llm/ui"] > .node .usage')
+    await expect(usage).to_have_attribute("data-input", "320")  # 120 + 200 over the two turns
+    await expect(usage).to_have_attribute("data-output", "70")
+    await expect(usage).to_have_attribute("data-cached", "120")
+    await expect(usage).to_have_attribute("data-reasoning", "15")
+    await expect(usage).to_contain_text("in 320 · out 70 · cached 120 · reasoning 15")
+    await expect(page.locator("#t-usage")).to_have_attribute("data-input", "320")
+
+
 async def test_selected_agent_shows_its_streamed_text(gw: Stack, page: Page) -> None:
     started = await gw.client.post(
         "/v1/runs", json={"agent_id": "streamer/ui", "input": text(json.dumps({"rounds": 100}))}

@@ -97,6 +97,7 @@ class LLMAgent(Agent):
         self._decisions: dict[str, dict[str, Any]] = {}
         #: Where this activation saw the journal end after its last completed message (None: unknown).
         self._journal_end: int | None = None
+        self._message_usage = Usage()  # the current message's model usage (progress metadata)
 
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
@@ -108,6 +109,7 @@ class LLMAgent(Agent):
             raise
 
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        self._message_usage = Usage()
         journal = None
         if self.journal_enabled:
             journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
@@ -189,8 +191,23 @@ class LLMAgent(Agent):
         self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
         if journal is not None:
             self.state[JOURNAL_SEQ_KEY] = self._journal_end = journal.seq
-        await ctx.emit_progress(AgentStep.DONE, metadata={"finish": finish, "steps": step})
+        await ctx.emit_progress(
+            AgentStep.DONE, metadata={"finish": finish, "steps": step, "usage": self._usage_meta()}
+        )
         return _reply(last, finish)
+
+    def _usage_meta(self) -> dict[str, Any]:
+        """This message's model usage so far, for progress events: viewers show it per agent, live."""
+        u = self._message_usage
+        meta: dict[str, Any] = {
+            "input_tokens": u.input_tokens,
+            "output_tokens": u.output_tokens,
+            "cached_tokens": u.cached_tokens,
+            "reasoning_tokens": u.reasoning_tokens,
+        }
+        if u.cost is not None:
+            meta["cost"] = u.cost.model_dump(mode="json")
+        return meta
 
     def _needs_approval(self, calls: list[ToolUseBlock]) -> list[str]:
         return [
@@ -209,7 +226,9 @@ class LLMAgent(Agent):
             self.state[JOURNAL_SEQ_KEY] = self._journal_end = journal.seq
         waiting = [c for c in turn.tool_calls if c.call_id in calls]
         await ctx.emit_progress(
-            AgentStep.PAUSED, waiting, metadata={"awaiting_approval": calls, "steps": step}
+            AgentStep.PAUSED,
+            waiting,
+            metadata={"awaiting_approval": calls, "steps": step, "usage": self._usage_meta()},
         )
         ctx.await_approval(calls)  # an orchestrated run waits (status awaiting_approval), not completes
         return _awaiting(pending)
@@ -235,8 +254,9 @@ class LLMAgent(Agent):
         done = journal.replayed(step) if journal is not None else None
         if done is not None and done.finish_reason is not None:
             # Already paid for (and already counted against the budget) before the crash.
+            self._message_usage = self._message_usage + (done.usage or Usage())
             return ModelTurn(done.item, done.usage or Usage(), done.finish_reason)
-        await ctx.emit_progress(AgentStep.THINKING, metadata={"step": step})
+        await ctx.emit_progress(AgentStep.THINKING, metadata={"step": step, "usage": self._usage_meta()})
         request = ModelRequest(
             items=[*self._system_items(), *items],
             tools=self.tools.specs,
@@ -263,6 +283,7 @@ class LLMAgent(Agent):
                 duration_s=time.monotonic() - started,
             )
         )
+        self._message_usage = self._message_usage + turn.usage
         await ctx.usage(turn.usage, turns=1)  # may raise BudgetExhaustedError: the tree's budget is spent
         return turn
 

@@ -194,7 +194,29 @@ function applyProgress(p) {
   n.turns += 1;
   const words = (p.content || []).filter((b) => b.type === "text").map((b) => b.text).join("");
   if (words) n.stream.push(`[${p.step}] ${words}`);
+  // LLM agents report their model usage so far with their progress (plexus.llm): kept per node, live.
+  if (p.metadata && p.metadata.usage) n.usage = p.metadata.usage;
   queueRender();
+}
+
+const USAGE_PARTS = [["input_tokens", "in"], ["output_tokens", "out"], ["cached_tokens", "cached"], ["reasoning_tokens", "reasoning"]];
+
+function usageText(u) {
+  const parts = USAGE_PARTS.map(([key, label]) => `${label} ${u[key] || 0}`);
+  if (u.cost && u.cost.amount !== undefined) parts.push(`$${Number(u.cost.amount).toFixed(4)}`);
+  return parts.join(" · ");
+}
+
+function rolledUpUsage() {
+  const total = { input_tokens: 0, output_tokens: 0, cached_tokens: 0, reasoning_tokens: 0 };
+  let cost = null;
+  for (const n of state.nodes.values()) {
+    if (!n.usage) continue;
+    for (const [key] of USAGE_PARTS) total[key] += n.usage[key] || 0;
+    if (n.usage.cost && n.usage.cost.amount !== undefined) cost = (cost || 0) + Number(n.usage.cost.amount);
+  }
+  if (cost !== null) total.cost = { amount: cost };
+  return total;
 }
 
 function applyUsage(data) {
@@ -242,6 +264,9 @@ function render() {
     const li = renderNode(root);
     if (li) tree.append(li);
     $("t-axis").textContent = `timeline: ${((state.span.end - state.span.start)).toFixed(1)} s since the root started`;
+    const total = rolledUpUsage();
+    $("t-usage").textContent = `model tokens, whole tree: ${usageText(total)}`;
+    for (const [key] of USAGE_PARTS) $("t-usage").dataset[key.split("_")[0]] = String(total[key]);
   }
   renderDetail();
 }
@@ -307,6 +332,11 @@ function renderNode(run) {
     text("span", `step ${n.step || "-"} · tokens ${tokens} · turns ${(run.usage && run.usage.turns) || 0} · events ${n.turns}`, "meta"),
     timelineBar(run),
   );
+  if (n.usage) {
+    const u = text("span", usageText(n.usage), "meta usage");
+    for (const [key] of USAGE_PARTS) u.dataset[key.split("_")[0]] = String(n.usage[key] || 0);
+    row.append(u);
+  }
   if (run.reason && TERMINAL.has(run.status)) row.append(text("span", run.reason, "meta"));
   row.dataset.select = run.run_id;
   li.append(row);
