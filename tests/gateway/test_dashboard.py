@@ -157,6 +157,16 @@ async def test_each_llm_agent_shows_its_model_usage_and_the_tree_rolls_it_up(gw:
     await expect(page.locator("#t-usage")).to_have_attribute("data-input", "320")
 
 
+async def test_the_runs_list_follows_new_runs_without_a_refresh(gw: Stack, page: Page) -> None:
+    await page.goto(f"{gw.url}/?token={TOKEN}")
+    await expect(page.locator("#runs")).to_have_attribute("data-live", "live")
+    started = await gw.client.post("/v1/runs", json={"agent_id": "echo/live-list", "input": text("hi")})
+    run_id = started.json()["run_id"]
+    row = page.locator(f'#runs li[data-run="{run_id}"]')
+    await expect(row).to_be_visible(timeout=10_000)  # nobody clicked Refresh
+    await expect(row.locator(".badge")).to_have_attribute("data-status", "completed", timeout=10_000)
+
+
 async def test_selected_agent_shows_its_streamed_text(gw: Stack, page: Page) -> None:
     started = await gw.client.post(
         "/v1/runs", json={"agent_id": "streamer/ui", "input": text(json.dumps({"rounds": 100}))}

@@ -7,7 +7,7 @@ import json
 
 from plexus.core import TextBlock
 
-from .conftest import Stack, read_sse
+from .conftest import SseEvent, Stack, read_sse
 
 
 def text(value: str) -> list[dict[str, str]]:
@@ -292,3 +292,33 @@ async def test_a_failed_run_streams_its_failure_and_is_found_by_the_failed_filte
     assert events[-1].data == "[DONE]"
     failed = (await gw.client.get("/v1/runs", params={"status": "failed"})).json()["runs"]
     assert [r["run_id"] for r in failed] == [run_id]
+
+
+async def test_runs_changes_names_each_run_as_its_record_changes(gw: Stack) -> None:
+    """The live runs list's feed: a run started after subscribing shows up in a `changed` event."""
+    events: list[SseEvent] = []
+    ready = asyncio.Event()
+
+    def seen(ev: SseEvent) -> bool:
+        events.append(ev)
+        if ev.event == "ready":
+            ready.set()
+        return False  # read until cancelled
+
+    reader = asyncio.ensure_future(read_sse(gw.client, "/v1/runs/changes", stop=seen))
+    try:
+        await asyncio.wait_for(ready.wait(), 20)
+        body = {"agent_id": "echo/changes", "input": [{"type": "text", "text": "hi"}]}
+        run_id = (await gw.client.post("/v1/runs", json=body)).json()["run_id"]
+
+        def named() -> set[str]:
+            return {i for ev in events if ev.event == "changed" for i in json.loads(ev.data)["run_ids"]}
+
+        for _ in range(100):
+            if run_id in named():
+                break
+            await asyncio.sleep(0.1)
+        assert run_id in named()
+        assert events[0].event == "ready"
+    finally:
+        reader.cancel()

@@ -11,6 +11,7 @@ from sse_starlette import EventSourceResponse
 from plexus.core import AgentId, BaseBlock, content_block_to_dict
 from plexus.runtime.orchestration import RunStatus
 
+from ._changes import run_changes
 from ._events import tree_events
 from ._models import AgentTypeOut, MessageIn, MessageOut, RunCreated, RunsPage, StartRun, WorkerOut
 from ._problems import PROBLEM_RESPONSES, Problem
@@ -158,6 +159,16 @@ async def tree_root(gw: GatewayState, run_id: str) -> dict[str, Any]:
     if record.get("root_id") and record["root_id"] != record["run_id"]:
         return await _record(gw, str(record["root_id"]))
     return record
+
+
+@router.get(
+    "/runs/changes",
+    summary="SSE: an event naming the runs whose records changed, as they change (a live runs list)",
+    response_class=EventSourceResponse,
+)
+async def runs_changes(gw: Gw) -> EventSourceResponse:
+    # Declared before /runs/{run_id}, which would otherwise take "changes" for a run id.
+    return EventSourceResponse(run_changes(gw.rt), ping=gw.config.heartbeat_s, headers=SSE_HEADERS)
 
 
 @router.get("/runs/{run_id}", summary="one run: its record and its tree's usage against the budget")

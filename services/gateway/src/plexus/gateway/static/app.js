@@ -37,6 +37,7 @@ $("token-save").onclick = () => {
   if (source) source.close();
   state = null; // reopen the stream with the new token
   route();
+  followRuns();
 };
 
 // -- runs list --------------------------------------------------------------------------------------------
@@ -55,6 +56,23 @@ async function loadRuns() {
     li.onclick = () => { location.hash = `run=${r.run_id}`; };
     list.append(li);
   }
+}
+// The list follows the cluster live: the gateway names the runs whose records changed, and the list (with its
+// filters) is read again, at most every half second; after a reconnection too.
+let changes = null;
+let reloadQueued = null;
+function followRuns() {
+  if (changes) changes.close();
+  changes = new EventSource("/v1/runs/changes" + (token ? `?access_token=${encodeURIComponent(token)}` : ""));
+  const reload = () => {
+    if (reloadQueued) return;
+    reloadQueued = setTimeout(() => { reloadQueued = null; loadRuns().catch((err) => console.warn(err)); }, 500);
+  };
+  changes.addEventListener("ready", reload);
+  changes.addEventListener("changed", reload);
+  $("runs").dataset.live = "connecting";
+  changes.onopen = () => { $("runs").dataset.live = "live"; };
+  changes.onerror = () => { $("runs").dataset.live = changes.readyState === EventSource.CLOSED ? "closed" : "reconnecting"; };
 }
 for (const id of ["f-status", "f-failed"]) $(id).onchange = loadRuns;
 $("f-agent").onchange = loadRuns;
@@ -497,6 +515,7 @@ function route() {
 }
 window.addEventListener("hashchange", route);
 route();
+followRuns();
 
 // Running bars grow with the clock: re-render once a second while the open tree has live runs.
 setInterval(() => {
