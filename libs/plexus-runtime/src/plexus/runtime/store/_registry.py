@@ -12,22 +12,22 @@ to answer hot-path lookups from memory.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
 from importlib import metadata
-from types import MappingProxyType
-from typing import Generic, TypeVar
+from typing import TypeVar
 
 import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
-from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
+from nats.js.kv import KeyValue
 
 from plexus.core import AgentId
 from plexus.runtime.wire._subjects import escape_token
+
+from ._mirror import ChangeSignal, KVMirror, kv_snapshot
 
 __all__ = [
     "AgentTypeInfo",
@@ -165,54 +165,6 @@ def _worker_key(worker_id: str) -> str:
     return escape_token(worker_id)
 
 
-def _is_delete(entry: KeyValue.Entry) -> bool:
-    # Server-placed limit markers carry no value; our values are never empty, so empty means gone.
-    return entry.operation in (KV_DEL, KV_PURGE) or not entry.value
-
-
-#: How long the server keeps a one-shot scan's consumer after the scan stopped reading.
-SNAPSHOT_CONSUMER_TTL_S = 5.0
-#: The same for a long-lived watch (a stopped one must not linger for nats-py's default 5 minutes).
-WATCH_CONSUMER_TTL_S = 30.0
-
-
-async def kv_snapshot(kv: KeyValue, keys: str = ">", timeout_s: float = _SCAN_TIMEOUT_S) -> dict[str, bytes]:
-    """The current value of every live key matching `keys`, read in one watch pass (not one get per key).
-
-    nats-py's watcher can report "end of initial values" while a key that was rewritten during the scan
-    (history 1: its old revision is gone) is still in flight, so the result is cross-checked against the
-    stream's subject list and any key missing from the pass is read directly.
-    """
-    # Gone 5 s after the scan (nats-py's default keeps a stopped watch's consumer for 5 minutes: periodic
-    # snapshots then piled up hundreds of consumers and hit the server's limit; found by `make chaos`).
-    watcher = await kv.watch(keys, ignore_deletes=True, inactive_threshold=SNAPSHOT_CONSUMER_TTL_S)
-    out: dict[str, bytes] = {}
-    try:
-        while True:
-            entry: KeyValue.Entry | None = await watcher.updates(timeout=timeout_s)  # type: ignore[no-untyped-call]
-            if entry is None:  # end of the initial values
-                break
-            if _is_delete(entry):
-                out.pop(entry.key, None)
-            else:
-                out[entry.key] = entry.value or b""
-    finally:
-        await watcher.stop()  # type: ignore[no-untyped-call]
-    prefix = kv._pre  # "$KV.<bucket>." — nats-py exposes no public accessor for it
-    info = await kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}{keys}")
-    for subject in info.state.subjects or {}:
-        key = subject[len(prefix) :]
-        if key in out:
-            continue
-        try:
-            entry = await kv.get(key)
-        except KeyNotFoundError:
-            continue
-        if entry is not None and not _is_delete(entry):
-            out[key] = entry.value or b""
-    return out
-
-
 def _decode_all(raw: Mapping[str, bytes], decode: Callable[[bytes], T]) -> list[T]:
     out: list[T] = []
     for key, value in raw.items():
@@ -221,123 +173,6 @@ def _decode_all(raw: Mapping[str, bytes], decode: Callable[[bytes], T]) -> list[
         except ValueError as exc:  # a newer or broken writer (msgspec errors are ValueErrors): skip it
             _log.warning("skipping undecodable KV value at %s: %s", key, exc)
     return out
-
-
-class ChangeSignal:
-    """Wakes waiters whenever something changes, so they re-check a condition instead of polling."""
-
-    def __init__(self) -> None:
-        self.version = 0
-        self._changed = asyncio.Event()
-
-    def notify(self) -> None:
-        # Wake every current waiter; later waiters wait on the fresh event.
-        self.version += 1
-        self._changed.set()
-        self._changed = asyncio.Event()
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        """Wait for `predicate()` to hold, re-checking on every change; False once `timeout` passes."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            if predicate():
-                return True
-            changed = self._changed
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return False
-            try:
-                await asyncio.wait_for(changed.wait(), remaining)
-            except TimeoutError:
-                return predicate()
-
-
-class KVMirror(Generic[T]):
-    """An in-memory ``key -> decoded value`` view of a bucket, kept current by a KV watch.
-
-    Writers in this process may `apply` their own writes at once (read-your-writes); per-key revisions make
-    the watch's later copy of the same write, or any older one, a no-op. Every change fires `signal`, which
-    several mirrors may share.
-    """
-
-    def __init__(
-        self, kv: KeyValue, decode: Callable[[bytes], T], keys: str = ">", signal: ChangeSignal | None = None
-    ) -> None:
-        self._kv = kv
-        self._decode = decode
-        self._keys = keys
-        self._items: dict[str, T] = {}
-        self._revisions: dict[str, int] = {}
-        self.signal = signal or ChangeSignal()
-        self._ready = asyncio.Event()
-        self._watcher: KeyValue.KeyWatcher | None = None
-        self._task: asyncio.Task[None] | None = None
-
-    @property
-    def items(self) -> Mapping[str, T]:
-        return MappingProxyType(self._items)
-
-    @property
-    def started(self) -> bool:
-        return self._task is not None
-
-    async def start(self, timeout_s: float = _SCAN_TIMEOUT_S) -> None:
-        """Start watching and return once the bucket's current contents are loaded."""
-        if self._task is not None:
-            return
-        # Forget a previous run: keys that expired meanwhile left no event to remove them.
-        self._items.clear()
-        self._revisions.clear()
-        self._ready = asyncio.Event()
-        self._watcher = await self._kv.watch(self._keys, inactive_threshold=WATCH_CONSUMER_TTL_S)
-        self._task = asyncio.create_task(self._run(self._watcher), name=f"kv-mirror:{self._keys}")
-        try:
-            await asyncio.wait_for(self._ready.wait(), timeout_s)
-        except TimeoutError:
-            await self.stop()
-            raise
-
-    async def stop(self) -> None:
-        watcher, task = self._watcher, self._task
-        self._watcher = self._task = None
-        if watcher is not None:
-            with contextlib.suppress(Exception):  # the connection may already be closed
-                await watcher.stop()  # type: ignore[no-untyped-call]
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _run(self, watcher: KeyValue.KeyWatcher) -> None:
-        async for entry in watcher:
-            if entry is None:
-                self._ready.set()
-                self.signal.notify()
-                continue
-            value = None if _is_delete(entry) else entry.value
-            self.apply(entry.key, value, entry.revision)
-
-    def apply(self, key: str, value: bytes | None, revision: int | None) -> None:
-        """Apply one write (``value=None`` deletes) unless a newer revision of `key` was applied already."""
-        if revision is not None:
-            known = self._revisions.get(key, 0)
-            # A local delete is applied at the revision it removed, so it must win over that same revision.
-            if revision < known or (revision == known and value is not None):
-                return
-            self._revisions[key] = revision
-        if value is None:
-            self._items.pop(key, None)
-        else:
-            try:
-                self._items[key] = self._decode(value)
-            except ValueError as exc:
-                _log.warning("ignoring undecodable KV value at %s: %s", key, exc)
-                self._items.pop(key, None)
-        self.signal.notify()
-
-    async def wait_until(self, predicate: Callable[[], bool], timeout: float) -> bool:
-        return await self.signal.wait_until(predicate, timeout)
 
 
 def _live(workers: Iterable[WorkerInfo], ttl_s: float, ref: str | None) -> list[WorkerInfo]:
