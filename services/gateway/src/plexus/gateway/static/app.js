@@ -283,7 +283,9 @@ function render() {
     if (li) tree.append(li);
     $("t-axis").textContent = `timeline: ${((state.span.end - state.span.start)).toFixed(1)} s since the root started`;
     const total = rolledUpUsage();
-    $("t-usage").textContent = `model tokens, whole tree: ${usageText(total)}`;
+    // Only LLM agents report model usage live; a tree without any shows no usage line.
+    const any = [...state.nodes.values()].some((n) => n.usage);
+    $("t-usage").textContent = any ? `model tokens, whole tree: ${usageText(total)}` : "";
     for (const [key] of USAGE_PARTS) $("t-usage").dataset[key.split("_")[0]] = String(total[key]);
   }
   renderDetail();
