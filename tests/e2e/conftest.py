@@ -18,7 +18,7 @@ import pytest
 
 from plexus.runtime import NatsServer
 from tests.runtime.conftest import REPO, runtime, worker_process
-from tests.security.seeds import SecuredSeed, identity_env, secured_seed
+from tests.security.seeds import SecuredSeed, identity_env, running_seed
 
 __all__ = ["OrchestratorProcess", "orchestrator_process", "runtime", "worker_process"]
 
@@ -31,14 +31,8 @@ collect_ignore = ["test_orchestrated_runs.py"]
 
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[SecuredSeed]:
-    seed = await secured_seed(tmp_path, 1)
-    try:
+    async with running_seed(tmp_path, 1) as seed:
         yield seed
-        assert seed.violations() == [], "a role did something its permissions do not allow"
-    finally:
-        for server in seed.servers:
-            server.kill()
-            server.cleanup()
 
 
 @pytest.fixture

@@ -10,12 +10,14 @@ do shows up as a permissions violation in the server log, and teardown fails the
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from plexus.runtime import NatsAuth, NatsCluster, NatsServer, Runtime, SecurityLayout, security_init
 
-__all__ = ["SecuredSeed", "identity_auth", "identity_env", "secured_seed"]
+__all__ = ["SecuredSeed", "identity_auth", "identity_env", "running_seed", "secured_seed"]
 
 TENANT = "acme"
 HEARTBEAT_TTL_S = LEASE_TTL_S = 3.0  # tests/runtime/conftest.py's
@@ -91,3 +93,21 @@ async def secured_seed(tmp_path: Path, nodes: int) -> SecuredSeed:
     )
     await admin.close()
     return seed
+
+
+@contextlib.asynccontextmanager
+async def running_seed(tmp_path: Path, nodes: int) -> AsyncIterator[SecuredSeed]:
+    """`secured_seed` for a fixture: yields it, fails on any permissions violation, kills every node after
+    (a graceful stop costs seconds per test and checks nothing)."""
+    seed = await secured_seed(tmp_path, nodes)
+    try:
+        yield seed
+        assert seed.violations() == [], "a role did something its permissions do not allow"
+    finally:
+        for server in seed.servers:
+            server.kill()
+        if seed.cluster is not None:
+            seed.cluster.cleanup()
+        else:
+            for server in seed.servers:
+                server.cleanup()

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import threading
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -95,6 +95,26 @@ def collector() -> Iterator[tuple[Collector, str]]:
         yield store, f"http://127.0.0.1:{server.server_address[1]}"
     finally:
         server.shutdown()
+
+
+def _client_trace(store: Collector) -> list[dict[str, Any]]:
+    """Every span of the trace the client's "client request" span started."""
+    root = next(s for s in store.spans if s["name"] == "client request")
+    return [s for s in store.spans if s["trace"] == root["trace"]]
+
+
+def _paths(tree: list[dict[str, Any]]) -> Callable[[dict[str, Any]], list[str]]:
+    """span -> its ``service:name`` and those of its ancestors up to the root of `tree`."""
+    by_id = {s["id"]: s for s in tree}
+
+    def path_to_root(span: dict[str, Any]) -> list[str]:
+        names = [f"{span['service']}:{span['name']}"]
+        while span["parent"] in by_id:
+            span = by_id[span["parent"]]
+            names.append(f"{span['service']}:{span['name']}")
+        return names
+
+    return path_to_root
 
 
 def _free_port() -> int:
@@ -184,16 +204,8 @@ async def test_one_trace_across_processes_and_metrics_by_configuration(
         worker.wait(timeout=30)
         log.close()
 
-    root = next(s for s in store.spans if s["name"] == "client request")
-    tree = [s for s in store.spans if s["trace"] == root["trace"]]
-    by_id = {s["id"]: s for s in tree}
-
-    def path_to_root(span: dict[str, Any]) -> list[str]:
-        names = [f"{span['service']}:{span['name']}"]
-        while span["parent"] in by_id:
-            span = by_id[span["parent"]]
-            names.append(f"{span['service']}:{span['name']}")
-        return names
+    tree = _client_trace(store)
+    path_to_root = _paths(tree)
 
     leaf = next(s for s in tree if s["name"] == "plexus.handle ledger")
     assert path_to_root(leaf) == [
@@ -328,17 +340,9 @@ async def test_a_run_tree_is_one_trace_through_the_orchestrator(
             proc.terminate()
             proc.wait(timeout=30)
 
-    root = next(s for s in store.spans if s["name"] == "client request")
-    tree = [s for s in store.spans if s["trace"] == root["trace"]]
-    by_id = {s["id"]: s for s in tree}
+    tree = _client_trace(store)
+    path_to_root = _paths(tree)
     print("\n" + _render(tree))
-
-    def path_to_root(span: dict[str, Any]) -> list[str]:
-        names = [f"{span['service']}:{span['name']}"]
-        while span["parent"] in by_id:
-            span = by_id[span["parent"]]
-            names.append(f"{span['service']}:{span['name']}")
-        return names
 
     child = next(s for s in tree if s["name"] == "plexus.handle ledger")
     assert path_to_root(child) == [

@@ -19,19 +19,12 @@ import pytest
 
 from tests.e2e.conftest import orchestrator_process, runtime, worker_process
 from tests.runtime.conftest import start_worker
-from tests.security.seeds import SecuredSeed, secured_seed
+from tests.security.seeds import SecuredSeed, running_seed
 
 __all__ = ["orchestrator_process", "runtime", "start_worker", "worker_process"]
 
 
 @pytest.fixture
 async def nats_server(tmp_path: Path) -> AsyncIterator[SecuredSeed]:
-    seed = await secured_seed(tmp_path, 3)
-    try:
+    async with running_seed(tmp_path, 3) as seed:
         yield seed
-        assert seed.violations() == [], "a role did something its permissions do not allow"
-    finally:
-        for server in seed.servers:
-            server.kill()
-        assert seed.cluster is not None
-        seed.cluster.cleanup()
