@@ -84,47 +84,35 @@ class Announcer:
             f"plexus.decision {decision}",
             attributes={"plexus.run_id": record.run_id, "plexus.agent_id": record.agent_id},
         ):
-            return await self._decision(record, root_namespace, decision, entry, step, text, **metadata)
-
-    async def _decision(
-        self,
-        record: RunRecord,
-        root_namespace: str,
-        decision: str,
-        entry: RunEvent,
-        step: AgentStep,
-        text: str,
-        **metadata: Any,
-    ) -> int:
-        if metrics_enabled():
-            INSTRUMENTS.decisions.add(1, {"decision": decision})
-        subjects = self._subjects(root_namespace)
-        seq = 0
-        try:
-            log_ = EventLog(
-                self.js, subjects.evlog(ORCHESTRATOR_TYPE, record.root_id), stream=self.events_stream
-            )
-            seq = await log_.append_with_retry(lambda _last: [entry], attempts=10)
-        except Exception:
-            log.exception("could not log %s of run %s", decision, record.run_id)
-        try:
-            event = AgentProgress(
-                agent_id=f"{ORCHESTRATOR_TYPE}/{record.run_id}",
-                step=step,
-                content=[TextBlock(text=text)],
-                run_id=RunId(record.run_id),
-                root_id=RunId(record.root_id),
-                parent_id=RunId(record.parent_id) if record.parent_id else None,
-                depth=record.depth,
-                seq=seq,
-                ts=time.time(),
-                metadata={"decision": decision, "status": str(record.status), **metadata},
-            )
-            subject = subjects.progress(record.root_id, ORCHESTRATOR_TYPE, record.run_id)
-            await self.js.publish(subject, event.model_dump_json().encode())
-        except Exception:
-            log.exception("could not publish progress for %s of run %s", decision, record.run_id)
-        return seq
+            if metrics_enabled():
+                INSTRUMENTS.decisions.add(1, {"decision": decision})
+            subjects = self._subjects(root_namespace)
+            seq = 0
+            try:
+                log_ = EventLog(
+                    self.js, subjects.evlog(ORCHESTRATOR_TYPE, record.root_id), stream=self.events_stream
+                )
+                seq = await log_.append_with_retry(lambda _last: [entry], attempts=10)
+            except Exception:
+                log.exception("could not log %s of run %s", decision, record.run_id)
+            try:
+                event = AgentProgress(
+                    agent_id=f"{ORCHESTRATOR_TYPE}/{record.run_id}",
+                    step=step,
+                    content=[TextBlock(text=text)],
+                    run_id=RunId(record.run_id),
+                    root_id=RunId(record.root_id),
+                    parent_id=RunId(record.parent_id) if record.parent_id else None,
+                    depth=record.depth,
+                    seq=seq,
+                    ts=time.time(),
+                    metadata={"decision": decision, "status": str(record.status), **metadata},
+                )
+                subject = subjects.progress(record.root_id, ORCHESTRATOR_TYPE, record.run_id)
+                await self.js.publish(subject, event.model_dump_json().encode())
+            except Exception:
+                log.exception("could not publish progress for %s of run %s", decision, record.run_id)
+            return seq
 
     async def cancel(
         self, namespaces: Iterable[str], root_id: str, reason: str, error: dict[str, Any] | None
