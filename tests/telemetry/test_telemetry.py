@@ -117,6 +117,21 @@ def _paths(tree: list[dict[str, Any]]) -> Callable[[dict[str, Any]], list[str]]:
     return path_to_root
 
 
+async def _until_hosted(rt: Runtime, agent_type: str) -> None:
+    """Until the worker process serves `agent_type`."""
+    async with asyncio.timeout(30):
+        while not await rt.workers(agent_type):  # noqa: ASYNC110 - another process's state
+            await asyncio.sleep(0.1)
+
+
+async def _run_client(endpoint: str, url: str, *args: str) -> None:
+    """`tests.telemetry.client` as its own process, exporting to `endpoint`; it must succeed."""
+    client = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.telemetry.client", url, *args, env=_env(endpoint), cwd=REPO
+    )
+    assert await asyncio.wait_for(client.wait(), 60) == 0
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -166,23 +181,12 @@ async def test_one_trace_across_processes_and_metrics_by_configuration(
     try:
         rt = await Runtime.connect(nats_server.url)
         try:
-            async with asyncio.timeout(30):
-                while not await rt.workers("relay"):  # noqa: ASYNC110 - another process's state
-                    await asyncio.sleep(0.1)
+            await _until_hosted(rt, "relay")
             for _ in range(3):
                 await rt.send_message([TextBlock(text="x")], AgentId("ledger", "m"), timeout=30)
         finally:
             await rt.close()
-        client = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.telemetry.client",
-            nats_server.url,
-            "t1",
-            env=_env(endpoint),
-            cwd=REPO,
-        )
-        assert await asyncio.wait_for(client.wait(), 60) == 0
+        await _run_client(endpoint, nats_server.url, "t1")
 
         metrics = await asyncio.to_thread(_scrape, metrics_port)
         assert _value(metrics, "plexus_messages_total", agent_type="ledger", outcome="ok") == 4.0
@@ -232,9 +236,7 @@ _EXPORT_ALL = """
 import re, sys, urllib.request
 from plexus.runtime import INSTRUMENTS, configure_telemetry
 configure_telemetry("names", env={"PLEXUS_METRICS_PORT": sys.argv[1]})
-import dataclasses
-for field in dataclasses.fields(INSTRUMENTS):  # every instrument Plexus has, whatever its kind
-    instrument = getattr(INSTRUMENTS, field.name)
+for instrument in vars(INSTRUMENTS).values():  # every instrument Plexus has, whatever its kind
     if hasattr(instrument, "add"):
         instrument.add(1, {"k": "v"})
     else:
@@ -310,22 +312,10 @@ async def test_a_run_tree_is_one_trace_through_the_orchestrator(
             )
         rt = await Runtime.connect(nats_server.url)
         try:
-            async with asyncio.timeout(30):
-                while not await rt.workers("lead"):  # noqa: ASYNC110 - another process's state
-                    await asyncio.sleep(0.1)
+            await _until_hosted(rt, "lead")
         finally:
             await rt.close()
-        client = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.telemetry.client",
-            nats_server.url,
-            "tree1",
-            "tree",
-            env=_env(endpoint),
-            cwd=REPO,
-        )
-        assert await asyncio.wait_for(client.wait(), 60) == 0
+        await _run_client(endpoint, nats_server.url, "tree1", "tree")
 
         def decided(name: str) -> int:
             return sum(s["name"] == f"plexus.decision {name}" for s in store.spans)

@@ -27,62 +27,43 @@ __all__ = ["INSTRUMENTS", "Telemetry", "configure_telemetry", "metrics_enabled",
 _meter = metrics.get_meter("plexus")
 
 
-@dataclass(frozen=True)
 class _Instruments:
-    messages: Any = field(
-        default_factory=lambda: _meter.create_counter(
-            "plexus.messages", unit="{message}", description="messages handled, by agent type and outcome"
+    """Every Plexus instrument; docs/operations.md lists their Prometheus names and what each panel shows."""
+
+    def __init__(self) -> None:
+        m = _meter
+        self.messages = m.create_counter(
+            "plexus.messages", "{message}", "messages handled, by agent type and outcome"
         )
-    )
-    handler_duration: Any = field(
-        default_factory=lambda: _meter.create_histogram(
-            "plexus.handler.duration", unit="s", description="handler run time, by agent type"
+        self.handler_duration = m.create_histogram(
+            "plexus.handler.duration", "s", "handler run time, by agent type"
         )
-    )
-    redeliveries: Any = field(
-        default_factory=lambda: _meter.create_counter(
-            "plexus.redeliveries", unit="{message}", description="durable messages delivered more than once"
+        self.redeliveries = m.create_counter(
+            "plexus.redeliveries", "{message}", "durable messages delivered more than once"
         )
-    )
-    dead_letters: Any = field(
-        default_factory=lambda: _meter.create_counter(
-            "plexus.dead_letters", unit="{message}", description="messages dead-lettered, by reason"
+        self.dead_letters = m.create_counter(
+            "plexus.dead_letters", "{message}", "messages dead-lettered, by reason"
         )
-    )
-    activations: Any = field(
-        default_factory=lambda: _meter.create_up_down_counter(
-            "plexus.activations", unit="{activation}", description="live agent activations, by type"
+        self.activations = m.create_up_down_counter(
+            "plexus.activations", "{activation}", "live agent activations, by type"
         )
-    )
-    partitions_owned: Any = field(
-        default_factory=lambda: _meter.create_up_down_counter(
-            "plexus.partitions.owned",
-            unit="{partition}",
-            description="inbox partitions owned, by type and worker",
+        self.partitions_owned = m.create_up_down_counter(
+            "plexus.partitions.owned", "{partition}", "inbox partitions owned, by type and worker"
         )
-    )
-    tree_tokens: Any = field(
-        default_factory=lambda: _meter.create_histogram(
-            "plexus.run_tree.tokens", unit="{token}", description="tokens a run tree used, at its end"
+        self.tree_tokens = m.create_histogram(
+            "plexus.run_tree.tokens", "{token}", "tokens a run tree used, at its end"
         )
-    )
-    budget_used: Any = field(
-        default_factory=lambda: _meter.create_histogram(
+        self.budget_used = m.create_histogram(
             "plexus.run_tree.budget_used",
-            unit="1",
-            description="share of its ExecutionBudget a run tree used, at its end, by dimension",
+            "1",
+            "share of its ExecutionBudget a run tree used, at its end, by dimension",
         )
-    )
-    decisions: Any = field(
-        default_factory=lambda: _meter.create_counter(
-            "plexus.orchestrator.decisions", unit="{decision}", description="orchestrator decisions, by kind"
+        self.decisions = m.create_counter(
+            "plexus.orchestrator.decisions", "{decision}", "orchestrator decisions, by kind"
         )
-    )
-    budget_tokens: Any = field(
-        default_factory=lambda: _meter.create_counter(
-            "plexus.budget.tokens", unit="{token}", description="tokens charged to run trees, by agent type"
+        self.budget_tokens = m.create_counter(
+            "plexus.budget.tokens", "{token}", "tokens charged to run trees, by agent type"
         )
-    )
 
 
 INSTRUMENTS = _Instruments()

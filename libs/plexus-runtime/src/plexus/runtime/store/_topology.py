@@ -229,31 +229,22 @@ async def ensure_topology(
 
     keep = replicas is None
 
-    def kv(bucket: str, ttl: float | None) -> KeyValueConfig:
-        return KeyValueConfig(bucket=bucket, history=1, ttl=ttl, replicas=replicas or 1, storage=storage)
+    async def bucket(name: str, ttl: float | None = None) -> KeyValue:
+        config = KeyValueConfig(bucket=name, history=1, ttl=ttl, replicas=replicas or 1, storage=storage)
+        return await _until_answered(lambda: _ensure_kv(js, config, keep_replicas=keep))
 
-    workers = await _until_answered(
-        lambda: _ensure_kv(js, kv(names.workers_bucket, workers_ttl_s), keep_replicas=keep)
-    )
-    leases = await _until_answered(
-        lambda: _ensure_kv(js, kv(names.leases_bucket, leases_ttl_s), keep_replicas=keep)
-    )
+    workers = await bucket(names.workers_bucket, workers_ttl_s)
+    leases = await bucket(names.leases_bucket, leases_ttl_s)
     return Topology(
         prefix=prefix,
         partitions=partitions,
         names=names,
-        checkpoints=await _until_answered(
-            lambda: _ensure_kv(js, kv(names.checkpoints_bucket, None), keep_replicas=keep)
-        ),
-        registry=await _until_answered(
-            lambda: _ensure_kv(js, kv(names.registry_bucket, None), keep_replicas=keep)
-        ),
-        subscriptions=await _until_answered(
-            lambda: _ensure_kv(js, kv(names.subscriptions_bucket, None), keep_replicas=keep)
-        ),
+        checkpoints=await bucket(names.checkpoints_bucket),
+        registry=await bucket(names.registry_bucket),
+        subscriptions=await bucket(names.subscriptions_bucket),
         workers=workers,
         leases=leases,
-        runs=await _until_answered(lambda: _ensure_kv(js, kv(names.runs_bucket, None), keep_replicas=keep)),
+        runs=await bucket(names.runs_bucket),
         artifacts=await _until_answered(
             lambda: _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage)
         ),

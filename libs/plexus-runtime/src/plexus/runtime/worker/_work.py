@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import enum
+import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -15,7 +17,9 @@ from plexus.core import AgentId, BaseBlock, KernelError, MessageId, RunId
 from plexus.runtime._agent import AgentType
 from plexus.runtime.wire._envelope import Envelope, Reply
 
-__all__ = ["WorkerConfig"]
+__all__ = ["WorkerConfig", "with_lease_ttl"]
+
+log = logging.getLogger("plexus.worker")
 
 
 @dataclass(frozen=True)
@@ -31,6 +35,22 @@ class WorkerConfig:
     #: reconnect: a leader election, a lost node) is retried in place before it is left for redelivery.
     #: Such failures never dead-letter a message and never use up its attempts.
     unavailable_retry_s: float = 120.0
+
+
+def with_lease_ttl(config: WorkerConfig, bucket_ttl_s: float) -> WorkerConfig:
+    """`config` timed by the leases bucket's real TTL. Leases expire by the bucket's TTL (set by whoever
+    created the topology): renewals timed by another value could let a lease lapse while this worker still
+    believes it holds it."""
+    if config.lease_ttl_s == bucket_ttl_s:
+        return config
+    log.warning(
+        "the leases bucket's TTL is %ss (set by whoever created the topology), not the %ss asked for;"
+        " using %ss",
+        bucket_ttl_s,
+        config.lease_ttl_s,
+        bucket_ttl_s,
+    )
+    return dataclasses.replace(config, lease_ttl_s=bucket_ttl_s)
 
 
 @dataclass

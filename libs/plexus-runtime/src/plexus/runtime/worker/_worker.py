@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import os
 import socket
@@ -76,6 +75,7 @@ from ._work import (
     _Work,
     dead_letter_with,
     run_stoppable,
+    with_lease_ttl,
 )
 
 __all__ = ["Worker", "WorkerConfig"]
@@ -98,20 +98,7 @@ class Worker(Upkeep):
     def __init__(self, app: App, runtime: Runtime, config: WorkerConfig | None = None) -> None:
         self.app = app
         self.rt = runtime
-        config = config or WorkerConfig()
-        actual_ttl = runtime.topology.leases_ttl_s
-        if config.lease_ttl_s != actual_ttl:
-            # Leases expire by the bucket's TTL: timing renewals by another value could let a lease lapse
-            # while this worker still believes it holds it.
-            log.warning(
-                "the leases bucket's TTL is %ss (set by whoever created the topology), not the %ss asked for;"
-                " using %ss",
-                actual_ttl,
-                config.lease_ttl_s,
-                actual_ttl,
-            )
-            config = dataclasses.replace(config, lease_ttl_s=actual_ttl)
-        self.config = config
+        self.config = with_lease_ttl(config or WorkerConfig(), runtime.topology.leases_ttl_s)
         self.worker_id = self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.started_at = time.time()
         self._inflight = asyncio.Semaphore(self.config.concurrency * 4)
