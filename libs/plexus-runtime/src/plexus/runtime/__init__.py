@@ -39,6 +39,7 @@ from .ops._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics
 from .store._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
 from .store._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
 from .store._eventlog import EventLog, LogRecord
+from .store._mirror import kv_keys
 from .store._outage import is_unavailable
 from .store._registry import AgentTypeInfo, Registry, WorkerInfo
 from .store._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
@@ -124,6 +125,7 @@ __all__ = [
     "env_help",
     "escape_token",
     "is_unavailable",
+    "kv_keys",
     "load_settings",
     "make_headers",
     "metrics_enabled",

@@ -6,14 +6,21 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from nats.js.errors import KeyNotFoundError
 from nats.js.kv import KV_DEL, KV_PURGE, KeyValue
 
-__all__ = ["SNAPSHOT_CONSUMER_TTL_S", "WATCH_CONSUMER_TTL_S", "ChangeSignal", "KVMirror", "kv_snapshot"]
+__all__ = [
+    "SNAPSHOT_CONSUMER_TTL_S",
+    "WATCH_CONSUMER_TTL_S",
+    "ChangeSignal",
+    "KVMirror",
+    "kv_keys",
+    "kv_snapshot",
+]
 
 _log = logging.getLogger(__name__)
 
@@ -56,11 +63,40 @@ async def kv_snapshot(kv: KeyValue, keys: str = ">", timeout_s: float = _SCAN_TI
                 out[entry.key] = entry.value or b""
     finally:
         await watcher.stop()  # type: ignore[no-untyped-call]
+    out.update(await _missed(kv, keys, out.keys()))
+    return out
+
+
+async def kv_keys(kv: KeyValue, keys: str = ">", timeout_s: float = _SCAN_TIMEOUT_S) -> list[str]:
+    """The live keys matching `keys`, sorted, from one metadata-only watch pass (values are not read),
+    cross-checked against the stream's subject list like `kv_snapshot` (a key in flight when nats-py said
+    "end of initial values" was once missed: a run list or a worker's partitions came back empty)."""
+    watcher = await kv.watch(
+        keys, ignore_deletes=True, meta_only=True, inactive_threshold=SNAPSHOT_CONSUMER_TTL_S
+    )
+    seen: set[str] = set()
+    try:
+        while True:
+            entry: KeyValue.Entry | None = await watcher.updates(timeout=timeout_s)  # type: ignore[no-untyped-call]
+            if entry is None:
+                break
+            if not _is_delete(entry):
+                seen.add(entry.key)
+    finally:
+        await watcher.stop()  # type: ignore[no-untyped-call]
+    seen.update(await _missed(kv, keys, seen))
+    return sorted(seen)
+
+
+async def _missed(kv: KeyValue, keys: str, known: Iterable[str]) -> dict[str, bytes]:
+    """Live keys matching `keys` that the stream holds but a watch pass did not deliver, read directly."""
+    known = set(known)
     prefix = kv._pre  # "$KV.<bucket>." — nats-py exposes no public accessor for it
     info = await kv._js.stream_info(kv._stream, subjects_filter=f"{prefix}{keys}")
+    out: dict[str, bytes] = {}
     for subject in info.state.subjects or {}:
         key = subject[len(prefix) :]
-        if key in out:
+        if key in known:
             continue
         try:
             entry = await kv.get(key)
