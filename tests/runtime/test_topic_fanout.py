@@ -5,15 +5,18 @@ host it, durable subscribers keep their own inbox message, and bad topic message
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from collections import Counter
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, TextBlock, TopicId
-from plexus.runtime import Agent, App, Context, Runtime, TypeSubscription
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime, TypeSubscription
+from plexus.runtime.store._registry import topic_group
 from plexus.runtime.wire._envelope import HDR_TOPIC_TO, Envelope, encode_envelope, payload_from_blocks
 
 from .apps_misc import dead_letters
@@ -171,3 +174,71 @@ async def test_copies_decoded_once_are_still_separate_lists(
         await runtime.publish_message([TextBlock(text="one")], TopicId("mut", "k"))
     got = [await asyncio.wait_for(Mutating.seen.get(), 10) for _ in range(3 * len(names))]
     assert sorted(got) == sorted((name, 1) for name in names for _ in range(3))
+
+
+def _topic_subscriptions(nats_server: NatsServer, subject: str) -> list[dict[str, Any]]:
+    """Every subscription on `subject` the server knows, with its queue group and delivered count."""
+    url = f"http://{nats_server.host}:{nats_server.monitor_port}/connz?subs=detail&limit=1024"
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        connz = json.load(resp)
+    return [
+        sub
+        for conn in connz["connections"]
+        for sub in conn.get("subscriptions_list_detail") or []
+        if sub["subject"] == subject
+    ]
+
+
+async def test_a_worker_receives_a_publication_once_for_all_the_types_it_hosts(
+    runtime: Runtime, start_worker: StartWorker, nats_server: NatsServer
+) -> None:
+    """Issue 12 item 4: the worker takes the publication ONCE and dispatches it to its local subscribers
+    (not one delivery per hosted type)."""
+    Counting.seen = asyncio.Queue()
+    await start_worker(fan_app())
+    for name in TYPES:
+        await runtime.add_subscription(TypeSubscription(topic_type="once", agent_type=name))
+    rounds = 10
+    for i in range(rounds):
+        assert await runtime.publish_message([TextBlock(text=f"m{i}")], TopicId("once", "k")) == 3
+    got = await _collect(rounds * 3)
+    assert Counter(t for t, _, _ in got) == dict.fromkeys(TYPES, rounds)
+    subs = _topic_subscriptions(nats_server, runtime.subjects.topic_wildcard())
+    assert len(subs) == 1  # one topic subscription for the worker's three stateless types
+    assert subs[0]["qgroup"] == runtime.subjects.topic_queue(topic_group(TYPES))
+    assert int(subs[0]["msgs"]) == rounds  # one delivery per publication
+
+
+def _mixed_app(*names: str) -> App:
+    app = App()
+    for name in names:
+        app.register(name, lambda _id: Counting(), durable=False)
+    return app
+
+
+async def test_types_hosted_by_workers_of_different_sets_are_each_handled_once(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """A mixed deployment: worker 1 hosts a and b, worker 2 hosts b and c (two delivery groups, b in both).
+    Each group receives every publication; b's copy is handled by one group only."""
+    Counting.seen = asyncio.Queue()
+    one = await start_worker(_mixed_app("fan-a", "fan-b"))
+    two = await start_worker(_mixed_app("fan-b", "fan-c"))
+    for name in TYPES:
+        await runtime.add_subscription(TypeSubscription(topic_type="mixed", agent_type=name))
+    groups = {topic_group(["fan-a", "fan-b"]), topic_group(["fan-b", "fan-c"])}
+    # Both workers derive the same owner for b once each has seen the other's heartbeat.
+    for worker in (one, two):
+        view = worker.rt.connection.registry_view
+        assert await view.wait_until(lambda v=view: len(v.live_workers()) == 2, 10)  # type: ignore[misc]
+        assert view.topic_owner("default", "fan-b") == min(groups)
+        assert view.topic_owner("default", "fan-a") == topic_group(["fan-a", "fan-b"])
+    rounds = 20
+    for i in range(rounds):
+        assert await runtime.publish_message([TextBlock(text=f"m{i}")], TopicId("mixed", "k")) == 3
+    got = await _collect(rounds * 3)
+    assert Counter(t for t, _, _ in got) == dict.fromkeys(TYPES, rounds)
+    for name in TYPES:
+        assert sorted(b for t, _, b in got if t == name) == sorted(f"m{i}" for i in range(rounds))
+    await asyncio.sleep(0.3)
+    assert Counting.seen.empty()  # no second copy of b from the other group

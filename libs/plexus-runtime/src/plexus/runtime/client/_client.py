@@ -115,6 +115,7 @@ class Runtime(RunsClient):
             partitions=partitions,
             registry=self.registry,
             artifacts=self.artifacts,
+            registry_view=self._registry_cache,
         )
         self.orchestrator = OrchestratorClient(self._connection)
         icpt = [TracingInterceptor(), *interceptors]
@@ -481,8 +482,8 @@ class Runtime(RunsClient):
             subjects = self.subjects_for(recipient.namespace)
             await self.js.publish(subjects.inbox(recipient.type, recipient.key), data, headers=headers)
         if stateless:
-            # Every stateless recipient shares ONE core message on the topic subject: each stateless type's
-            # queue group (one worker per type) takes its copy from it (see Worker._on_topic).
+            # Every stateless recipient shares ONE core message on the topic subject: one worker of each topic
+            # delivery group takes it and runs each listed type it handles (see worker/_topics.py).
             first = recipients[0]
             env = self._envelope(payload, first, "publish", inp.sender, run, inp.message_id, None, inp.topic)
             data = encode_envelope(env)

@@ -1,8 +1,8 @@
 """`Connection`: the cluster handles a component needs, as one value instead of the whole `Runtime`.
 
 Interceptors receive it in `Interceptor.start`; it names what they may use (the NATS connection, JetStream,
-the topology's streams and buckets, subjects, the registry, the artifact store) without reaching into the
-client object that also runs RPCs, subscriptions and reply routing.
+the topology's streams and buckets, subjects, the registry and its in-memory view, the artifact store)
+without reaching into the client object that also runs RPCs, subscriptions and reply routing.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from plexus.runtime.store._artifacts import ArtifactStore
-from plexus.runtime.store._registry import Registry
+from plexus.runtime.store._registry import Registry, RegistryCache
 from plexus.runtime.store._topology import Topology
 from plexus.runtime.wire._subjects import Subjects
 
@@ -32,6 +32,8 @@ class Connection:
     partitions: int
     registry: Registry
     artifacts: ArtifactStore
+    #: The registry followed in memory (started with the runtime): hot-path lookups without a round trip.
+    registry_view: RegistryCache
 
     def subjects_for(self, namespace: str | None = None) -> Subjects:
         """The subject builders of `namespace` (default: this connection's namespace)."""

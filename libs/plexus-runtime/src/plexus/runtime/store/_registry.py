@@ -12,6 +12,7 @@ to answer hot-path lookups from memory.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import os
 import socket
@@ -38,6 +39,8 @@ __all__ = [
     "RegistryCache",
     "WorkerInfo",
     "kv_snapshot",
+    "topic_group",
+    "topic_groups",
     "type_ref",
 ]
 
@@ -54,6 +57,21 @@ _CAS_ATTEMPTS = 8
 def type_ref(namespace: str, agent_type: str) -> str:
     """The ``"ns/type"`` form used in `WorkerInfo.types`."""
     return f"{namespace}/{agent_type}"
+
+
+def topic_group(stateless_types: Iterable[str]) -> str:
+    """The topic delivery group of a worker hosting `stateless_types` (one namespace's): workers hosting the
+    same set share it, so a publication reaches one worker per distinct set, once (see `Worker`)."""
+    digest = hashlib.sha256("\n".join(sorted(set(stateless_types))).encode()).hexdigest()
+    return "g" + digest[:16]
+
+
+def topic_groups(stateless_types: Iterable[tuple[str, str]]) -> dict[str, str]:
+    """Namespace → topic delivery group of a worker hosting these stateless ``(namespace, type)`` pairs."""
+    by_ns: dict[str, list[str]] = {}
+    for namespace, agent_type in stateless_types:
+        by_ns.setdefault(namespace, []).append(agent_type)
+    return {ns: topic_group(names) for ns, names in by_ns.items()}
 
 
 def _check_names(namespace: str, agent_type: str) -> None:
@@ -92,8 +110,9 @@ class AgentTypeInfo(msgspec.Struct, frozen=True, kw_only=True):
 class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     """A worker's heartbeat. Times are Unix seconds (wall clock: they are compared across hosts).
 
-    `types` lists the hosted agent types as ``"ns/type"`` refs; `version` is the worker's plexus-runtime
-    version.
+    `types` lists the hosted agent types as ``"ns/type"`` refs; `topic_groups` maps a namespace to the
+    worker's topic delivery group there (`topic_group` of its stateless types); `version` is the worker's
+    plexus-runtime version.
     """
 
     worker_id: str
@@ -104,6 +123,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     types: list[str] = msgspec.field(default_factory=list)
     concurrency: int = 1
     version: str = ""
+    topic_groups: dict[str, str] = msgspec.field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -305,6 +325,8 @@ class RegistryCache:
             registry.types_kv, _type_decoder.decode, signal=signal
         )
         self._workers = KVMirror(registry.workers_kv, _worker_decoder.decode, signal=signal)
+        self._owners: dict[str, dict[str, str]] = {}
+        self._owners_at = (-1, 0.0)  # (registry version, monotonic time) the owners were computed at
 
     async def start(self) -> None:
         """Load both buckets and keep following them; returns once the current contents are in memory."""
@@ -345,6 +367,26 @@ class RegistryCache:
     def live_workers(self, ns_type: str | None = None) -> list[WorkerInfo]:
         self._check_started()
         return _live(self._workers.items.values(), self.ttl_s, ns_type)
+
+    def topic_owner(self, namespace: str, agent_type: str) -> str | None:
+        """The topic delivery group that handles `agent_type`'s copy of a publication: the least group name
+        among live workers hosting it (every worker computes the same from the same bucket), or None when
+        no live worker is known to host it."""
+        self._check_started()
+        now = time.monotonic()
+        version, at = self._owners_at
+        # Recomputed on any change of either bucket, and at least once a second (liveness is time-based).
+        if version != self._signal.version or now - at > 1.0:
+            owners: dict[str, dict[str, str]] = {}
+            for worker in self.live_workers():
+                for ref in worker.types:
+                    ns, _, name = ref.partition("/")
+                    group = worker.topic_groups.get(ns)
+                    if group is not None:
+                        per_ns = owners.setdefault(ns, {})
+                        per_ns[name] = min(group, per_ns.get(name, group))
+            self._owners, self._owners_at = owners, (self._signal.version, now)
+        return self._owners.get(namespace, {}).get(agent_type)
 
     def has_live_host(self, namespace: str, agent_type: str) -> bool:
         """Whether some live worker hosts ``namespace/type`` right now."""

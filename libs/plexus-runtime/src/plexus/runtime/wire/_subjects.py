@@ -283,9 +283,10 @@ class Subjects:
         """``<prefix>.<ns>.topic.>``: every topic publication of the namespace."""
         return _check(f"{self.base}.topic.>")
 
-    def topic_queue(self, agent_type: str) -> str:
-        """The queue group in which the workers serving stateless type `agent_type` share publications."""
-        return _check(f"{self.base}.topicq.{escape_token(agent_type)}")
+    def topic_queue(self, group: str) -> str:
+        """The queue group in which the workers of topic delivery group `group` (workers hosting the same
+        stateless types) share publications: one of them receives each publication, once."""
+        return _check(f"{self.base}.topicq.{escape_token(group)}")
 
     def progress(self, root_run: str, agent_type: str, key: str) -> str:
         """``<prefix>.<ns>.progress.<root_run>.<type>.<key>``."""

@@ -24,6 +24,7 @@ from plexus.runtime.wire._subjects import inbox_partition
 from ._activation import ActivationTable
 from ._mailbox import Mailboxes
 from ._partitions import PartitionOwner
+from ._topics import TopicReceiver
 from ._work import WorkerConfig, _Work
 
 __all__ = ["Upkeep"]
@@ -45,6 +46,7 @@ class Upkeep:
     _activations: ActivationTable
     _mailboxes: Mailboxes[AgentId, _Work]
     _stoppers: set[asyncio.Future[None]]
+    _topics: TopicReceiver
 
     async def _heartbeat(self) -> None:
         await self.rt.registry.heartbeat(
@@ -56,6 +58,7 @@ class Upkeep:
                 heartbeat_at=time.time(),
                 types=[f"{t.namespace}/{t.name}" for t in self.app.types.values()],
                 concurrency=self.config.concurrency,
+                topic_groups=self._topics.groups,
             )
         )
 

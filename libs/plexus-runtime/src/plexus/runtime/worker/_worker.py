@@ -13,7 +13,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -47,7 +47,6 @@ from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.store._outage import is_nats_outage, is_unavailable
 from plexus.runtime.store._registry import AgentTypeInfo
 from plexus.runtime.wire._envelope import (
-    HDR_TOPIC_TO,
     RESEND,
     Envelope,
     Reply,
@@ -63,6 +62,7 @@ from ._backend import WorkerBackend
 from ._intake import Intake
 from ._partitions import PartitionOwner
 from ._runend import RunEndReporter
+from ._topics import TopicReceiver
 from ._upkeep import Upkeep
 from ._work import (
     ACK,
@@ -113,6 +113,7 @@ class Worker(Upkeep):
         )
         self._committer = Committer(runtime, self._activations)
         self._intake = Intake(app, runtime, self.worker_id)
+        self._topics = TopicReceiver(app, runtime, self._intake, self._mailboxes)
 
         self._owners: dict[str, PartitionOwner] = {}
         self._unacked: set[_Work] = set()
@@ -209,15 +210,7 @@ class Worker(Upkeep):
                     cb=self._on_ephemeral,
                 )
                 self._subs.append(sub)
-                # Topic publications: one core message for all stateless recipients; this type's queue group
-                # takes it once (one worker of the type), and only if the publisher listed the type.
-                self._subs.append(
-                    await self.rt.nc.subscribe(
-                        subjects.topic_wildcard(),
-                        queue=subjects.topic_queue(agent_type.name),
-                        cb=self._on_topic(agent_type.name),
-                    )
-                )
+        self._subs.extend(await self._topics.subscribe())
         for owner in self._owners.values():
             await owner.rebalance()
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
@@ -290,19 +283,6 @@ class Worker(Upkeep):
         work = await self._intake.read(msg, durable=False)
         if work is not None:
             self._mailboxes.put(work.agent_id, work)
-
-    def _on_topic(self, agent_type: str) -> Callable[[Msg], Awaitable[None]]:
-        token = escape_token(agent_type)
-
-        async def on_topic(msg: Msg) -> None:
-            listed = (msg.headers or {}).get(HDR_TOPIC_TO, "")
-            if token not in listed.split(" "):
-                return  # a publication for other types: not this type's to read (nor to dead-letter)
-            work = await self._intake.read(msg, durable=False, topic_for=agent_type)
-            if work is not None:
-                self._mailboxes.put(work.agent_id, work)
-
-        return on_topic
 
     async def _dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
         await self._intake.dead_letter(msg, reason, detail, env)
