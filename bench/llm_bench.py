@@ -10,9 +10,13 @@ process (so its CPU is not counted), and an in-process worker. It measures, sequ
   deltas and progress published), p50 wall time and CPU per run.
 
 Overhead per turn = (run p50 - 2 x bare-call p50) / 2; CPU per turn = (run CPU - 2 x bare-call CPU) / 2.
-Both include the message's own request/reply through NATS and its commit (EventLog + checkpoint), amortised
-over the two turns. ``--no-journal`` measures the loop without its journal writes. Prints a table and one
-``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
+Both include the message's own request/reply through NATS, the new key's activation and its commit (EventLog
++ checkpoint), amortised over the two turns. The loop alone, inside the handler: a turn middleware (the
+public `Middleware.process_turn`) times each of the run's two iterations (model step with its progress,
+deltas, journal write and budget consume; the first also runs the tool step), and overhead per turn in the
+loop = (p50 of the iterations' sum per run - 2 x bare-call p50) / 2 — the peers' runs (in-process function
+calls) compare with this one. ``--no-journal`` measures the loop without its journal writes. Prints a
+table and one ``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
 """
 
 from __future__ import annotations
@@ -48,13 +52,26 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
     import openai
 
     from plexus.core import AgentId, TextBlock
-    from plexus.llm import LLMAgent, OpenAIChatModel, tool
+    from plexus.llm import LLMAgent, Middleware, OpenAIChatModel, tool
     from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
 
     @tool
     def add(a: int, b: int) -> int:
         """Add."""
         return a + b
+
+    iteration_times: dict[str, float] = {}
+
+    class TimeIterations(Middleware):
+        """Sums the wall time of the run's loop iterations, per message (the key names the run)."""
+
+        async def process_turn(self, context: Any, call_next: Any) -> None:
+            t0 = time.perf_counter()
+            try:
+                await call_next(context)
+            finally:
+                key = context.ctx.agent_id.key
+                iteration_times[key] = iteration_times.get(key, 0.0) + time.perf_counter() - t0
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
     # The baseline is the same SDK work the loop does: the two requests of a run, byte for byte (tools and
@@ -82,7 +99,10 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
     try:
         app = App()
         app.register(
-            "bench", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], journal=journal)
+            "bench",
+            lambda _id: LLMAgent(
+                OpenAIChatModel(client, "m"), tools=[add], journal=journal, middleware=[TimeIterations()]
+            ),
         )
         app.register(
             "record", lambda _id: LLMAgent(OpenAIChatModel(recorder, "m"), tools=[add], journal=journal)
@@ -128,12 +148,14 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
             server.stop()
     bare_p50 = statistics.median(bare_wall)
     run_p50 = statistics.median(run_wall)
+    loop_p50 = statistics.median(iteration_times[f"k{1000 + i}"] for i in range(runs))
     return {
         "llm.bare_call.p50_ms": bare_p50 * 1e3,
         "llm.bare_call.cpu_ms": bare_cpu * 1e3,
         "llm.run_2turns.p50_ms": run_p50 * 1e3,
         "llm.run_2turns.cpu_ms": run_cpu * 1e3,
         "llm.overhead_per_turn.p50_ms": (run_p50 - 2 * bare_p50) / 2 * 1e3,
+        "llm.loop_overhead_per_turn.p50_ms": (loop_p50 - 2 * bare_p50) / 2 * 1e3,
         "llm.cpu_per_turn_ms": (run_cpu - 2 * bare_cpu) / 2 * 1e3,
     }
 

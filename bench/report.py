@@ -67,6 +67,14 @@ ROWS = (
     Row("progress worker → subscriber p99", "ms", None, "plexus.progress.p99", None, False),
     # bench/llm_bench.py: (run of 2 turns + 1 tool - 2 bare SDK calls) / 2, against a fake OpenAI provider.
     Row("LLM loop overhead per model turn p50", "ms", None, "llm.overhead_per_turn.p50_ms", None, False),
+    Row(
+        "LLM loop overhead per model turn, inside the handler p50",
+        "ms",
+        None,
+        "llm.loop_overhead_per_turn.p50_ms",
+        None,
+        False,
+    ),
     Row("LLM loop CPU per model turn", "ms", None, "llm.cpu_per_turn_ms", None, False),
     # bench/scale_bench.py: a durable type whose handler awaits 50 ms, 4 handlers at once per worker process.
     *(
@@ -168,11 +176,39 @@ TARGETS = (
         Target(f"ephemeral ≥ 5× AutoGen ({n} in flight)", _ratio(f"plexus.eph.{n}", f"autogen.rr.{n}"), 5.0)
         for n in (1, 10, 100)
     ),
+    # Issue 12's steps on the way to the goals above.
+    *(
+        Target(
+            f"issue 12: ephemeral ≥ 0.5× raw request/reply ({n} in flight)",
+            _ratio(f"plexus.eph.{n}", f"raw.rr.{n}"),
+            0.5,
+        )
+        for n in (1, 10, 100)
+    ),
+    Target(
+        "issue 12: durable ≥ 0.4× raw JetStream round trip (100 in flight)",
+        _ratio("plexus.dur.100", "raw.js.100"),
+        0.4,
+    ),
+    Target("issue 12: durable ≥ 2× AutoGen (100 in flight)", _ratio("plexus.dur.100", "autogen.rr.100"), 2.0),
     Target("fan-out ≥ 0.8× raw", _ratio("plexus.fanout", "raw.fanout"), 0.8),
+    Target("issue 12: fan-out ≥ 0.5× raw", _ratio("plexus.fanout", "raw.fanout"), 0.5),
     Target("distinct keys ≥ 0.9× the 10-key throughput", _median("plexus.keys.ratio"), 0.9),
     *(Target(f"scale-out ≥ 0.9 × {n} ({n} workers)", _median(f"scale.ratio.{n}"), 0.9 * n) for n in (2, 4)),
     Target("≤ 4 KB (4096 B) per idle activation", _median("plexus.mem.per_activation"), 4096.0, at_most=True),
     Target("progress worker → SSE client p50 ≤ 5 ms", _median("sse.latency.p50"), 5.0, at_most=True),
+    Target(
+        "LLM loop overhead per model turn ≤ 1 ms (whole run)",
+        _median("llm.overhead_per_turn.p50_ms"),
+        1.0,
+        at_most=True,
+    ),
+    Target(
+        "LLM loop overhead per model turn ≤ 1 ms (inside the handler)",
+        _median("llm.loop_overhead_per_turn.p50_ms"),
+        1.0,
+        at_most=True,
+    ),
 )
 
 
