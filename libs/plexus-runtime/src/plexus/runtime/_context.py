@@ -109,7 +109,10 @@ class Context:
         content: Sequence[BaseBlock] = (),
         metadata: Mapping[str, Any] | None = None,
     ) -> None:
-        """Publish an `AgentProgress` on the run tree's subject (captured for replay)."""
+        """Publish an `AgentProgress` on the run tree's subject (captured for replay).
+
+        Returns once published; its JetStream ack is awaited with the handler's others when the handler
+        returns, and a refused event fails the message then."""
         await self._backend.progress_from(self, AgentStep(step), content, metadata or {})
 
     async def stream(self, text: str, *, reasoning: bool = False) -> None:

@@ -6,6 +6,7 @@ chain of the app's interceptors that override it; with none, the call goes strai
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import Mapping, Sequence
@@ -38,6 +39,7 @@ from plexus.runtime.interceptors._interceptors import (
     UsageInput,
     chain,
 )
+from plexus.runtime.store._artifacts import check_payload_size
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.wire._orchestration import FinishedReport
 
@@ -49,6 +51,7 @@ if TYPE_CHECKING:
     from ._activation import Activation, ActivationTable
 
 __all__ = ["WorkerBackend"]
+
 
 
 class WorkerBackend:
@@ -67,6 +70,8 @@ class WorkerBackend:
         self.activations = activations
         self.supervisor: Supervisor = supervisor or LocalSupervisor()
         self._bound: dict[int, Activation] = {}
+        # Progress events published but not yet acknowledged, per bound Context (see `progress_stored`).
+        self._progress_acks: dict[int, list[asyncio.Task[Any]]] = {}
         icpt = app.interceptors
         # Outbound sends and publications continue into the Runtime's own (client) chain.
         self._send = chain(icpt, "send", rt._send_chain)
@@ -80,6 +85,26 @@ class WorkerBackend:
 
     def unbind(self, ctx: Context) -> None:
         self._bound.pop(id(ctx), None)
+        for ack in self._progress_acks.pop(id(ctx), ()):
+            ack.cancel()  # the handler failed before `progress_stored`: its message runs again anyway
+
+    async def progress_stored(self, ctx: Context) -> None:
+        """Wait for the JetStream acks of every progress event `ctx`'s handler emitted.
+
+        `emit_progress` publishes without waiting for its ack (the events of one connection are stored in
+        order), so a handler's steps do not each pay a round trip; the worker calls this when the handler
+        returns, before its result is committed or answered. A progress event JetStream did not store
+        therefore still fails the message (it runs again), as an awaited publish did.
+        """
+        acks = self._progress_acks.pop(id(ctx), None)
+        if not acks:
+            return
+        try:
+            for ack in acks:
+                await ack  # each is a js.publish with its own ack timeout: its error is the publish's
+        finally:
+            for ack in acks:
+                ack.cancel()  # no-op once done
 
     def _activation(self, ctx: Context) -> Activation:
         try:
@@ -143,8 +168,15 @@ class WorkerBackend:
         subject = self.rt.subjects_for(ctx.agent_id.namespace).progress(
             run.root_id, ctx.agent_id.type, ctx.agent_id.key
         )
-        # One JetStream publish both captures the event for replay and delivers it to live subscribers.
-        await self.rt.js.publish(subject, event.model_dump_json().encode())
+        # One JetStream publish both captures the event for replay and delivers it to live subscribers. Its
+        # ack is awaited once for all the handler's events (`progress_stored`), not here.
+        data = event.model_dump_json().encode()
+        check_payload_size(len(data), self.rt.nc.max_payload)
+        # A task per event, not nats-py's publish_async: that one never completes its future when the
+        # server answers with an API error (its reply handler raises instead). Tasks start in order, so
+        # the events are published in order.
+        ack = asyncio.ensure_future(self.rt.js.publish(subject, data))
+        self._progress_acks.setdefault(id(ctx), []).append(ack)
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
         event = ReasoningDelta(text=text) if reasoning else TextDelta(text=text)

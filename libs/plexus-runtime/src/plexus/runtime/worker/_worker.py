@@ -506,7 +506,9 @@ class Worker(Upkeep):
             return Reply(id=env.id, ok=False, error=error.to_wire(), handled_by=self.worker_id)
 
     async def _invoke(self, inp: HandleInput) -> list[BaseBlock] | None:
-        return await inp.agent.on_message(inp.blocks, inp.ctx)
+        result = await inp.agent.on_message(inp.blocks, inp.ctx)
+        await self._backend.progress_stored(inp.ctx)  # its progress is stored before its result counts
+        return result
 
     async def _ack(self, work: _Work) -> None:
         if work.durable:
