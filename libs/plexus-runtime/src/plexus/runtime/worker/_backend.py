@@ -53,7 +53,6 @@ if TYPE_CHECKING:
 __all__ = ["WorkerBackend"]
 
 
-
 class WorkerBackend:
     """What a worker's handlers do through their `Context`, given the worker's parts (never the worker)."""
 
