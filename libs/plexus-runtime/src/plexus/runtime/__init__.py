@@ -38,6 +38,7 @@ from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help
 from .ops._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics_enabled, trace_headers
 from .store._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
 from .store._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
+from .store._commit import MessageCommitted
 from .store._eventlog import EventLog, LogRecord
 from .store._mirror import kv_keys
 from .store._outage import is_unavailable
@@ -81,6 +82,7 @@ __all__ = [
     "Interceptor",
     "LocalSupervisor",
     "LogRecord",
+    "MessageCommitted",
     "MetricsInterceptor",
     "NatsAuth",
     "NatsAuthError",

@@ -1,28 +1,42 @@
-"""The durable commit of one handled message: EventLog entries, then the checkpoint (CAS).
+"""The durable commit of one handled message: EventLog entries, then the checkpoint (CAS) when needed.
 
 Both writes are fenced: the EventLog append by the activation's last sequence, the checkpoint by its KV
 revision, so a zombie worker's commit fails instead of overwriting the owner's (see architecture.md,
 *Delivery and single activation*). The ack follows only after both.
+
+A message that leaves the agent's state unchanged is committed by the append alone (one write): its entries
+end with a `MessageCommitted` marker carrying the encoded reply, from which the next activation rebuilds its
+handled-message memory (`logged_since`). The checkpoint is still written every `CHECKPOINT_EVERY` messages.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from plexus.core import AgentId, ReplyMessage, RunMessageReceived
+from plexus.core import AgentId, KernelMessage, ReplyMessage, RunMessageReceived, register_message_type
 from plexus.runtime.wire._envelope import Reply
-from plexus.runtime.worker._activation import Activation, ActivationTable
+from plexus.runtime.worker._activation import REPLY_MAX_BYTES, Activation, ActivationTable, LoggedSince
 from plexus.runtime.worker._work import _reply_text, _Work
 
 if TYPE_CHECKING:
     from plexus.runtime._context import Context
     from plexus.runtime.client._client import Runtime
 
-__all__ = ["Committer"]
+__all__ = ["Committer", "MessageCommitted"]
 
 log = logging.getLogger("plexus.worker")
+
+
+@register_message_type
+class MessageCommitted(KernelMessage):
+    """The last entry of a message committed by its EventLog append alone (no checkpoint write): the message
+    is handled, and `reply` (its encoded `Reply`, when small enough to keep) answers a redelivery."""
+
+    type: Literal["plexus.committed"] = "plexus.committed"
+    message_id: str
+    reply: str | None = None
 
 
 class Committer:
@@ -46,6 +60,10 @@ class Committer:
             text = _reply_text(reply)
             if text is not None:
                 entries.append(ReplyMessage(text=text))
+        checkpoint = activation.needs_checkpoint(activation.state_bytes(), env.id)
+        if not checkpoint:
+            kept = encoded if encoded is not None and len(encoded) <= REPLY_MAX_BYTES else None
+            entries.append(MessageCommitted(message_id=env.id, reply=None if kept is None else kept.decode()))
         if env.id in activation.logged:
             # Logged by a worker that died before its checkpoint: the entries are there already.
             activation.logged.discard(env.id)
@@ -55,7 +73,10 @@ class Committer:
                     entries, expected_seq=activation.log_seq
                 )
         activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
-        await self.activations.save(activation)
+        if checkpoint:
+            await self.activations.save(activation)
+        else:
+            activation.unsaved += 1
 
     async def committed(self, agent_id: AgentId, message_id: str, published: datetime.datetime) -> bool:
         """Whether `message_id` (stored in the inbox at `published`) is in `agent_id`'s EventLog, i.e. was
@@ -73,12 +94,20 @@ class Committer:
             isinstance(r.entry, RunMessageReceived) and r.entry.message_id == message_id for r in records
         )
 
-    async def logged_since(self, agent_id: AgentId, seq: int) -> set[str]:
-        """Ids of the messages received in `agent_id`'s EventLog after `seq`."""
+    async def logged_since(self, agent_id: AgentId, seq: int) -> LoggedSince:
+        """What `agent_id`'s EventLog holds after `seq`: messages committed by their append alone, and
+        messages only logged (their worker died before the checkpoint)."""
         try:
             records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
         except ValueError as exc:
             # An unreadable batch (written by someone else than the worker): best effort, never a wedge.
             log.warning("cannot read the EventLog of %s past seq %d: %s", agent_id, seq, exc)
-            return set()
-        return {r.entry.message_id for r in records if isinstance(r.entry, RunMessageReceived)}
+            return LoggedSince(set(), [])
+        received = {str(r.entry.message_id) for r in records if isinstance(r.entry, RunMessageReceived)}
+        committed = [
+            (r.entry.message_id, None if r.entry.reply is None else r.entry.reply.encode())
+            for r in records
+            if isinstance(r.entry, MessageCommitted)
+        ]
+        done = {message_id for message_id, _ in committed}
+        return LoggedSince(received - done, committed)

@@ -22,7 +22,7 @@ from plexus.runtime._agent import Agent, AgentType
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._checkpoints import CheckpointStore
 
-__all__ = ["Activation", "ActivationTable", "CheckpointDoc"]
+__all__ = ["Activation", "ActivationTable", "CheckpointDoc", "LoggedSince"]
 
 #: How many handled message ids a checkpoint remembers for redelivery de-duplication.
 HANDLED_MEMORY = 64
@@ -32,6 +32,10 @@ HANDLED_MEMORY = 64
 REPLY_MEMORY = 16
 #: A reply longer than this is not kept (only its id): a large reply would be rewritten with every checkpoint.
 REPLY_MAX_BYTES = 4096
+#: A message that leaves the agent's state unchanged is committed by its EventLog append alone (one write);
+#: the checkpoint is still written at least every this many messages, which bounds what an activation reads
+#: back from the log to rebuild its handled-message memory.
+CHECKPOINT_EVERY = 16
 
 
 class CheckpointDoc(msgspec.Struct, omit_defaults=True):
@@ -63,6 +67,25 @@ class Activation:
     #: Ids of messages whose entries are in the EventLog after the checkpoint's sequence: a worker died
     #: between the two writes. Their redelivery is handled again but not logged a second time.
     logged: set[str] = field(default_factory=set)
+    #: Messages committed by their EventLog append alone since the checkpoint was last written.
+    unsaved: int = 0
+    #: The progress sequence the checkpoint holds (a change needs a checkpoint, like a state change).
+    saved_progress_seq: int = 0
+
+    def state_bytes(self) -> bytes:
+        return _encode(dict(self.agent.save_state()))
+
+    def needs_checkpoint(self, state_bytes: bytes, message_id: str) -> bool:
+        """Whether committing `message_id` must write the checkpoint, not only the EventLog: the state or the
+        progress sequence changed, the agent has no checkpoint yet, its log holds the message already (a
+        dead worker's append), or `CHECKPOINT_EVERY` messages went by without one."""
+        return (
+            state_bytes != self.saved_state
+            or self.progress_seq != self.saved_progress_seq
+            or self.revision is None
+            or message_id in self.logged
+            or self.unsaved + 1 >= CHECKPOINT_EVERY
+        )
 
     def reply_for(self, message_id: str) -> tuple[bool, bytes | None]:
         if message_id in self.handled:
@@ -120,6 +143,15 @@ def _with_recent_replies(handled: list[tuple[str, bytes | None]]) -> OrderedDict
     return memory
 
 
+class LoggedSince(msgspec.Struct, frozen=True):
+    """What an agent's EventLog holds after its checkpoint's sequence."""
+
+    #: Messages logged without their commit completing (the worker died before the checkpoint).
+    logged: set[str]
+    #: Messages committed by the append alone, oldest first, with their encoded reply when it was kept.
+    committed: list[tuple[str, bytes | None]]
+
+
 class ActivationTable:
     """Live activations of one worker, created lazily and passivated when idle."""
 
@@ -128,7 +160,7 @@ class ActivationTable:
         checkpoints: CheckpointStore,
         key_of: Any,
         last_log_seq: Callable[[AgentId], Awaitable[int]] | None = None,
-        logged_since: Callable[[AgentId, int], Awaitable[set[str]]] | None = None,
+        logged_since: Callable[[AgentId, int], Awaitable[LoggedSince]] | None = None,
     ) -> None:
         self._checkpoints = checkpoints
         self._key_of = key_of
@@ -160,11 +192,12 @@ class ActivationTable:
             # the agent for good. The new owner continues from the log's end instead (the unsaved message
             # is redelivered and logged again: at least once); the checkpoint's CAS still fences zombies.
             log_seq = max(log_seq, await self._last_log_seq(agent_id))
-        logged: set[str] = set()
+        since = LoggedSince(set(), [])
         if log_seq > doc.log_seq and self._logged_since is not None:
-            # Recognise the messages the dead worker logged but never checkpointed: their redelivery must
-            # not append the same entries a second time.
-            logged = await self._logged_since(agent_id, doc.log_seq)
+            # Messages committed by their append alone join the handled-message memory; those a dead worker
+            # logged but never checkpointed are recognised, so their redelivery does not append the same
+            # entries a second time.
+            since = await self._logged_since(agent_id, doc.log_seq)
         activation = Activation(
             agent_id=agent_id,
             agent=agent,
@@ -174,8 +207,12 @@ class ActivationTable:
             progress_seq=doc.progress_seq,
             handled=_with_recent_replies(doc.handled),
             saved_state=_encode(dict(agent.save_state())),
-            logged=logged,
+            logged=since.logged,
+            unsaved=len(since.committed),
+            saved_progress_seq=doc.progress_seq,
         )
+        for message_id, reply in since.committed:
+            activation.remember(message_id, reply, reply_budget=REPLY_MEMORY * REPLY_MAX_BYTES)
         await agent.on_activate(agent_id)
         self._live[agent_id] = activation
         if metrics_enabled():
@@ -189,6 +226,8 @@ class ActivationTable:
             self._key_of(activation.agent_id), doc, expected_revision=activation.revision
         )
         activation.saved_state = state_bytes
+        activation.saved_progress_seq = activation.progress_seq
+        activation.unsaved = 0
 
     def of_type(self, agent_type: str) -> list[Activation]:
         return [a for a in self._live.values() if a.agent_id.type == agent_type]
