@@ -52,6 +52,9 @@ if TYPE_CHECKING:
 
 __all__ = ["WorkerBackend"]
 
+#: Every this many progress events of one handler, emitting one yields to the event loop (see below).
+_PROGRESS_BURST = 8
+
 
 class WorkerBackend:
     """What a worker's handlers do through their `Context`, given the worker's parts (never the worker)."""
@@ -175,7 +178,12 @@ class WorkerBackend:
         # server answers with an API error (its reply handler raises instead). Tasks start in order, so
         # the events are published in order.
         ack = asyncio.ensure_future(self.rt.js.publish(subject, data))
-        self._progress_acks.setdefault(id(ctx), []).append(ack)
+        acks = self._progress_acks.setdefault(id(ctx), [])
+        acks.append(ack)
+        if len(acks) % _PROGRESS_BURST == 0:
+            # A handler emitting events back to back never awaits in between: let the publishes go out
+            # now and then, so viewers still follow them live. (Others await I/O between events anyway.)
+            await asyncio.sleep(0)
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
         event = ReasoningDelta(text=text) if reasoning else TextDelta(text=text)
