@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import nats
+import nats.js.errors
 import pytest
 
 from plexus.runtime.ops._server import NatsCluster, NatsServer, NatsServerError
@@ -60,7 +62,17 @@ async def test_three_node_cluster_replicates(nats_cluster: Callable[..., NatsClu
     try:
         js = nc.jetstream()
         await js.add_stream(name="R", subjects=["r.>"], num_replicas=3)
-        ack = await js.publish("r.a", b"x")
+        # A just-created R3 stream answers once its leader is elected and its interest has reached the
+        # node we talk to; until then a publish gets "no responders" (seen on a loaded machine).
+        deadline = asyncio.get_running_loop().time() + 15
+        while True:
+            try:
+                ack = await js.publish("r.a", b"x", headers={"Nats-Msg-Id": "r-a-1"})
+                break
+            except nats.js.errors.NoStreamResponseError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await asyncio.sleep(0.2)
         info = await js.stream_info("R")
         assert ack.seq == 1
         assert info.cluster is not None
