@@ -307,7 +307,7 @@ def _value(v: dict[str, Any]) -> str:
         return "n/a"
     if "KB" in v["target"]:
         return f"{value:,.0f} B"
-    if v["target"].endswith(" ms"):  # a latency target: the value is in milliseconds, not a ratio
+    if v["target"].endswith(" ms") or " ms (" in v["target"]:  # a latency target: milliseconds, not a ratio
         return f"{value:.2f} ms"
     return f"{value:.2f}×"
 
