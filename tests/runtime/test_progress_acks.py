@@ -5,6 +5,7 @@ as an awaited publish did, and every event of an answered message is stored."""
 from __future__ import annotations
 
 import pytest
+from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, HandlerError, TextBlock
 from plexus.runtime import Agent, App, Context, Runtime
@@ -67,3 +68,34 @@ async def test_a_progress_event_jetstream_refuses_fails_the_message(
     assert await _stored(runtime, AgentId(agent_type, "big")) == 0
     # And the worker serves on.
     assert await runtime.send_message([TextBlock(text="10")], agent, timeout=20) == [TextBlock(text="done")]
+
+
+class Narrator(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        for i in range(3):
+            await ctx.emit_progress("thinking", [TextBlock(text=f"step {i}")])
+            await ctx.stream(f"text {i}")
+        return []
+
+
+async def test_progress_goes_out_in_order_with_the_handlers_other_messages(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """Not waiting for the ack must not reorder: a viewer sees each step before the text streamed after it."""
+    app = App()
+    app.register("narrator", lambda _id: Narrator())
+    await start_worker(app)
+    seen: list[str] = []
+    base = runtime.subjects.base
+
+    async def on_msg(msg: Msg) -> None:
+        if msg.subject.startswith((f"{base}.progress.", f"{base}.stream.")):
+            seen.append(msg.subject.split(".")[2])  # "progress" or "stream"
+
+    sub = await runtime.nc.subscribe(f"{base}.>", cb=on_msg)  # one subscription: arrival order is wire order
+    try:
+        await runtime.send_message([TextBlock(text="go")], AgentId("narrator", "k"), timeout=20)
+        await runtime.nc.flush()
+    finally:
+        await sub.unsubscribe()
+    assert seen == ["progress", "stream"] * 3

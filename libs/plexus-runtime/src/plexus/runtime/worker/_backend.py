@@ -39,6 +39,7 @@ from plexus.runtime.interceptors._interceptors import (
     UsageInput,
     chain,
 )
+from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import check_payload_size
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.wire._orchestration import FinishedReport
@@ -73,7 +74,8 @@ class WorkerBackend:
         self.supervisor: Supervisor = supervisor or LocalSupervisor()
         self._bound: dict[int, Activation] = {}
         # Progress events published but not yet acknowledged, per bound Context (see `progress_stored`).
-        self._progress_acks: dict[int, list[asyncio.Task[Any]]] = {}
+        self._progress_acks: dict[int, list[asyncio.Future[Any]]] = {}
+        self._acks = DeferredAcks(rt.nc)
         icpt = app.interceptors
         # Outbound sends and publications continue into the Runtime's own (client) chain.
         self._send = chain(icpt, "send", rt._send_chain)
@@ -87,8 +89,8 @@ class WorkerBackend:
 
     def unbind(self, ctx: Context) -> None:
         self._bound.pop(id(ctx), None)
-        for ack in self._progress_acks.pop(id(ctx), ()):
-            ack.cancel()  # the handler failed before `progress_stored`: its message runs again anyway
+        # The handler failed before `progress_stored`: its message runs again anyway.
+        self._acks.forget(self._progress_acks.pop(id(ctx), ()))
 
     async def progress_stored(self, ctx: Context) -> None:
         """Wait for the JetStream acks of every progress event `ctx`'s handler emitted.
@@ -99,14 +101,8 @@ class WorkerBackend:
         therefore still fails the message (it runs again), as an awaited publish did.
         """
         acks = self._progress_acks.pop(id(ctx), None)
-        if not acks:
-            return
-        try:
-            for ack in acks:
-                await ack  # each is a js.publish with its own ack timeout: its error is the publish's
-        finally:
-            for ack in acks:
-                ack.cancel()  # no-op once done
+        if acks:
+            await self._acks.wait(acks)
 
     def _activation(self, ctx: Context) -> Activation:
         try:
@@ -174,10 +170,8 @@ class WorkerBackend:
         # ack is awaited once for all the handler's events (`progress_stored`), not here.
         data = event.model_dump_json().encode()
         check_payload_size(len(data), self.rt.nc.max_payload)
-        # A task per event, not nats-py's publish_async: that one never completes its future when the
-        # server answers with an API error (its reply handler raises instead). Tasks start in order, so
-        # the events are published in order.
-        ack = asyncio.ensure_future(self.rt.js.publish(subject, data))
+        # Sent now, in order with the handler's other messages (its stream deltas, sends): only the ack waits.
+        ack = await self._acks.publish(subject, data)
         acks = self._progress_acks.setdefault(id(ctx), [])
         acks.append(ack)
         if len(acks) % _PROGRESS_BURST == 0:

@@ -1,0 +1,93 @@
+"""JetStream publishes whose ack is collected later: sent now, in order with everything else the connection
+sends, and awaited when the caller needs them stored (the worker: when a handler returns).
+
+nats-py's ``publish_async`` does the same but never completes its future when the server answers with an
+API error (its reply handler raises instead), so a refused message would only show as a timeout.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+from collections.abc import Iterable
+from typing import Any
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+__all__ = ["DeferredAcks"]
+
+_NO_RESPONDERS = "503"
+
+
+class DeferredAcks:
+    """One reply subscription per connection; `publish` returns the future of the message's ack."""
+
+    def __init__(self, nc: NATS, timeout_s: float = 5.0) -> None:
+        self._nc = nc
+        self.timeout_s = timeout_s
+        self._prefix: str | None = None
+        self._tokens = itertools.count()
+        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
+
+    async def publish(self, subject: str, data: bytes) -> asyncio.Future[dict[str, Any]]:
+        """Publish `data` to a stream's `subject` now; the future holds the ack (or the publish's error)."""
+        if self._prefix is None:
+            prefix = self._nc.new_inbox()
+            await self._nc.subscribe(f"{prefix}.*", cb=self._on_ack)
+            self._prefix = prefix
+        token = str(next(self._tokens))
+        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        self._pending[token] = future
+        try:
+            await self._nc.publish(subject, data, reply=f"{self._prefix}.{token}")
+        except BaseException:
+            self._pending.pop(token, None)
+            raise
+        return future
+
+    async def wait(self, futures: Iterable[asyncio.Future[dict[str, Any]]]) -> None:
+        """Wait for every ack, in order; the first error (or `nats.errors.TimeoutError`) is raised."""
+        pending = list(futures)
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                for future in pending:
+                    await future
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None  # what an awaited js.publish raises: an outage
+        finally:
+            self.forget(pending)
+
+    def forget(self, futures: Iterable[asyncio.Future[dict[str, Any]]]) -> None:
+        """Stop waiting for these acks (done or not)."""
+        for future in futures:
+            future.cancel()
+        gone = [token for token, future in self._pending.items() if future.done()]
+        for token in gone:
+            del self._pending[token]
+
+    async def _on_ack(self, msg: Msg) -> None:
+        future = self._pending.pop(msg.subject.rsplit(".", 1)[-1], None)
+        if future is None or future.done():
+            return
+        if (msg.headers or {}).get("Status") == _NO_RESPONDERS:
+            future.set_exception(nats.js.errors.NoStreamResponseError())
+            return
+        try:
+            answer = json.loads(msg.data)
+            error = answer.get("error") if isinstance(answer, dict) else None
+        except (ValueError, AttributeError) as exc:
+            future.set_exception(nats.js.errors.Error(f"undecodable publish ack: {exc}"))
+            return
+        if error is None:
+            future.set_result(answer)
+            return
+        try:  # nats-py's from_error raises the typed error it builds
+            nats.js.errors.APIError.from_error(error)
+        except nats.js.errors.Error as typed:
+            future.set_exception(typed)
+        except Exception:  # an error object of another shape
+            future.set_exception(nats.js.errors.APIError(description=str(error)))
