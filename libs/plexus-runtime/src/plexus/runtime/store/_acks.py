@@ -30,24 +30,32 @@ class DeferredAcks:
         self._nc = nc
         self.timeout_s = timeout_s
         self._prefix: str | None = None
+        self._subscribing = asyncio.Lock()
         self._tokens = itertools.count()
         self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     async def publish(self, subject: str, data: bytes) -> asyncio.Future[dict[str, Any]]:
         """Publish `data` to a stream's `subject` now; the future holds the ack (or the publish's error)."""
-        if self._prefix is None:
-            prefix = self._nc.new_inbox()
-            await self._nc.subscribe(f"{prefix}.*", cb=self._on_ack)
-            self._prefix = prefix
+        prefix = self._prefix or await self._subscribe()
         token = str(next(self._tokens))
         future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
         self._pending[token] = future
+        # However it ends (acked, failed, cancelled by `forget`), the token is no longer waited for.
+        future.add_done_callback(lambda _f: self._pending.pop(token, None))
         try:
-            await self._nc.publish(subject, data, reply=f"{self._prefix}.{token}")
+            await self._nc.publish(subject, data, reply=f"{prefix}.{token}")
         except BaseException:
-            self._pending.pop(token, None)
+            future.cancel()
             raise
         return future
+
+    async def _subscribe(self) -> str:
+        async with self._subscribing:  # the first publishes of concurrent handlers share one subscription
+            if self._prefix is None:
+                prefix = self._nc.new_inbox()
+                await self._nc.subscribe(f"{prefix}.*", cb=self._on_ack)
+                self._prefix = prefix
+            return self._prefix
 
     async def wait(self, futures: Iterable[asyncio.Future[dict[str, Any]]]) -> None:
         """Wait for every ack, in order; the first error (or `nats.errors.TimeoutError`) is raised."""
@@ -65,12 +73,9 @@ class DeferredAcks:
         """Stop waiting for these acks (done or not)."""
         for future in futures:
             future.cancel()
-        gone = [token for token, future in self._pending.items() if future.done()]
-        for token in gone:
-            del self._pending[token]
 
     async def _on_ack(self, msg: Msg) -> None:
-        future = self._pending.pop(msg.subject.rsplit(".", 1)[-1], None)
+        future = self._pending.get(msg.subject.rsplit(".", 1)[-1])
         if future is None or future.done():
             return
         if (msg.headers or {}).get("Status") == _NO_RESPONDERS:

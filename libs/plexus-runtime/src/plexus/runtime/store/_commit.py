@@ -60,7 +60,8 @@ class Committer:
             text = _reply_text(reply)
             if text is not None:
                 entries.append(ReplyMessage(text=text))
-        checkpoint = activation.needs_checkpoint(activation.state_bytes(), env.id)
+        state = activation.state_bytes()
+        checkpoint = activation.needs_checkpoint(state, env.id)
         if not checkpoint:
             kept = encoded if encoded is not None and len(encoded) <= REPLY_MAX_BYTES else None
             entries.append(MessageCommitted(message_id=env.id, reply=None if kept is None else kept.decode()))
@@ -74,7 +75,7 @@ class Committer:
                 )
         activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
         if checkpoint:
-            await self.activations.save(activation)
+            await self.activations.save(activation, state_bytes=state)
         else:
             activation.unsaved += 1
 

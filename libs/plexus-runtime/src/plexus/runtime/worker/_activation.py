@@ -47,6 +47,16 @@ class CheckpointDoc(msgspec.Struct, omit_defaults=True):
     progress_seq: int = 0
 
 
+class _CheckpointOut(msgspec.Struct, omit_defaults=True):
+    """`CheckpointDoc` as written, its state already encoded (a commit encodes the state once)."""
+
+    v: int = 1
+    state: msgspec.Raw = msgspec.Raw(b"{}")
+    handled: list[tuple[str, bytes | None]] = []
+    log_seq: int = 0
+    progress_seq: int = 0
+
+
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(CheckpointDoc).decode
 
@@ -118,12 +128,13 @@ class Activation:
             else:
                 handled[mid] = None
 
-    def document(self) -> tuple[bytes, bytes]:
-        """(state bytes, whole checkpoint bytes) for change detection and saving."""
-        state = dict(self.agent.save_state())
-        state_bytes = _encode(state)
-        doc = CheckpointDoc(
-            state=state,
+    def document(self, state_bytes: bytes | None = None) -> tuple[bytes, bytes]:
+        """(state bytes, whole checkpoint bytes) for change detection and saving; `state_bytes` when the
+        caller has just encoded the state (`state_bytes()`)."""
+        if state_bytes is None:
+            state_bytes = self.state_bytes()
+        doc = _CheckpointOut(
+            state=msgspec.Raw(state_bytes),
             handled=list(self.handled.items()),
             log_seq=self.log_seq,
             progress_seq=self.progress_seq,
@@ -219,9 +230,11 @@ class ActivationTable:
             INSTRUMENTS.activations.add(1, {"agent_type": agent_id.type})
         return activation
 
-    async def save(self, activation: Activation, *, force: bool = False) -> None:
+    async def save(
+        self, activation: Activation, *, force: bool = False, state_bytes: bytes | None = None
+    ) -> None:
         """Write the checkpoint by compare-and-swap on the revision (a zombie's write fails)."""
-        state_bytes, doc = activation.document()
+        state_bytes, doc = activation.document(state_bytes)
         activation.revision = await self._checkpoints.save(
             self._key_of(activation.agent_id), doc, expected_revision=activation.revision
         )
