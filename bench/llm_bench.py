@@ -15,7 +15,10 @@ Both include the message's own request/reply through NATS, the new key's activat
 public `Middleware.process_turn`) times each of the run's two iterations (model step with its progress,
 deltas, journal write and budget consume; the first also runs the tool step), and overhead per turn in the
 loop = (p50 of the iterations' sum per run - 2 x bare-call p50) / 2 — the peers' runs (in-process function
-calls) compare with this one. ``--no-journal`` measures the loop without its journal writes. Prints a
+calls) compare with this one. The same loop in orchestrated runs (``start_run`` with a token budget, the
+orchestrator on the same server): there every model call's ``ctx.usage()`` is a counter increment on the
+server, the budget consume the issue's goal includes; ``--no-orchestrator`` skips it.
+``--no-journal`` measures the loop without its journal writes. Prints a
 table and one ``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
 """
 
@@ -23,11 +26,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -48,10 +53,12 @@ async def _serve() -> None:
         await asyncio.Event().wait()
 
 
-async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None) -> dict[str, float]:
+async def _measure(
+    base_url: str, runs: int, journal: bool, nats_url: str | None, orchestrated: bool = True
+) -> dict[str, float]:
     import openai
 
-    from plexus.core import AgentId, TextBlock
+    from plexus.core import AgentId, ExecutionBudget, TextBlock
     from plexus.llm import LLMAgent, Middleware, OpenAIChatModel, tool
     from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
 
@@ -139,6 +146,23 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
                 await one(1000 + i)
                 run_wall.append(time.perf_counter() - t0)
             run_cpu = (time.process_time() - cpu0) / runs
+            orch_wall: list[float] = []
+            if orchestrated:
+                with _orchestrator(url):
+                    budget = ExecutionBudget(max_tokens=10**12)
+
+                    async def orchestrated_run(i: int) -> None:
+                        run_id = await rt.start_run(
+                            AgentId("bench", f"o{i}"), [TextBlock(text="2+3?")], budget=budget
+                        )
+                        await rt.run_result(run_id, timeout=30)
+
+                    for i in range(20):
+                        await orchestrated_run(i)
+                    for i in range(runs):
+                        t0 = time.perf_counter()
+                        await orchestrated_run(1000 + i)
+                        orch_wall.append(time.perf_counter() - t0)
         finally:
             await rt.close()
             await worker.stop(drain_timeout=5)
@@ -149,7 +173,7 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
     bare_p50 = statistics.median(bare_wall)
     run_p50 = statistics.median(run_wall)
     loop_p50 = statistics.median(iteration_times[f"k{1000 + i}"] for i in range(runs))
-    return {
+    metrics = {
         "llm.bare_call.p50_ms": bare_p50 * 1e3,
         "llm.bare_call.cpu_ms": bare_cpu * 1e3,
         "llm.run_2turns.p50_ms": run_p50 * 1e3,
@@ -158,12 +182,43 @@ async def _measure(base_url: str, runs: int, journal: bool, nats_url: str | None
         "llm.loop_overhead_per_turn.p50_ms": (loop_p50 - 2 * bare_p50) / 2 * 1e3,
         "llm.cpu_per_turn_ms": (run_cpu - 2 * bare_cpu) / 2 * 1e3,
     }
+    if orch_wall:
+        orch_loop = statistics.median(iteration_times[f"o{1000 + i}"] for i in range(runs))
+        metrics["llm.orchestrated.overhead_per_turn.p50_ms"] = (
+            (statistics.median(orch_wall) - 2 * bare_p50) / 2 * 1e3
+        )
+        metrics["llm.orchestrated.loop_overhead_per_turn.p50_ms"] = (orch_loop - 2 * bare_p50) / 2 * 1e3
+    return metrics
+
+
+@contextlib.contextmanager
+def _orchestrator(url: str) -> Iterator[None]:
+    """The real orchestrator service, as `plexus orchestrator` runs it, until the block ends."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "plexus.runtime.cli", "orchestrator", "--nats", url],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=REPO,
+    )
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:  # it announces itself once its endpoints are up
+            if line.startswith("plexus orchestrator "):
+                break
+        else:
+            raise SystemExit("orchestrator exited before it was ready")
+        yield
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--no-journal", action="store_true", help="measure without the per-step journal")
+    parser.add_argument("--no-orchestrator", action="store_true", help="skip the orchestrated runs")
     parser.add_argument("--url", help="an existing nats-server (default: start one)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -178,7 +233,9 @@ def main() -> None:
         line = proc.stdout.readline().split()
         if not line or line[0] != "READY":
             raise SystemExit(f"fake provider did not start: {line}")
-        metrics = asyncio.run(_measure(line[1], args.runs, not args.no_journal, args.url))
+        metrics = asyncio.run(
+            _measure(line[1], args.runs, not args.no_journal, args.url, not args.no_orchestrator)
+        )
     finally:
         proc.terminate()
         proc.wait(10)
@@ -186,7 +243,7 @@ def main() -> None:
         print(f"{name:<32} {value:8.2f}")
     result = {
         "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
-        "info": {"runs": args.runs, "journal": not args.no_journal},
+        "info": {"runs": args.runs, "journal": not args.no_journal, "orchestrated": not args.no_orchestrator},
     }
     print("RESULT " + json.dumps(result))
 

@@ -24,7 +24,7 @@ from plexus.llm import (
     complete,
     tool,
 )
-from plexus.runtime import App, Runtime
+from plexus.runtime import App, PayloadTooLargeError, Runtime
 
 from .fake_providers import FakeProvider, Sse, Status, openai_frames
 
@@ -105,3 +105,26 @@ async def test_blocked_and_cancelled_finish_reasons_return_marked(
     second = await runtime.send_message([TextBlock(text="b")], AgentId("f", "1"), timeout=20)
     assert first[0].metadata[FINISH_KEY] == "blocked"
     assert second[0].metadata[FINISH_KEY] == "cancelled"
+
+
+async def test_a_tool_runs_only_after_its_turn_is_stored(runtime: Runtime, start_worker: Any) -> None:
+    """The journal's appends are stored in the background, but the loop waits for the turn's before any
+    of its tools runs: here the turn cannot be stored (its item is over max_payload), and the tool that it
+    asks for must never run (without that wait it would, on a turn a retry asks the model for again)."""
+    ran: list[str] = []
+
+    @tool
+    def mark() -> str:
+        """Records that it ran."""
+        ran.append("mark")
+        return "ok"
+
+    big = " ".join("x" * 300_000 for _ in range(4))  # four deltas that fit; the turn's item does not
+    model = ScriptedModel([ScriptedTurn(text=big, tool_calls=[("a", "mark", {})]), ScriptedTurn(text="done")])
+    app = App()
+    app.register("t", lambda _id: LLMAgent(model, tools=[mark]))
+    await start_worker(app)
+    with pytest.raises(PayloadTooLargeError):
+        await runtime.send_message([TextBlock(text="go")], AgentId("t", "big"), timeout=20)
+    assert ran == []
+    assert len(model.requests) == 1  # and no further model call

@@ -2,8 +2,8 @@
 
 One handled message runs the loop: transcript → model turn (streamed: deltas on the agent's stream subject)
 → tool calls → tool results → the seed 002 FinishReason table. Every completed step goes to the journal
-(`_journal.py`) before the loop moves on and usage goes through ``ctx.usage()`` after every model call, so
-the orchestrator's tree budget stops a runaway tree on any worker.
+(`_journal.py`) before the loop acts on it (a tool, the next model call, the end) and usage goes through
+``ctx.usage()`` after every model call, so the orchestrator's tree budget stops a runaway tree on any worker.
 """
 
 from __future__ import annotations
@@ -98,6 +98,8 @@ class LLMAgent(Agent):
         #: Where this activation saw the journal end after its last completed message (None: unknown).
         self._journal_end: int | None = None
         self._message_usage = Usage()  # the current message's model usage (progress metadata)
+        self._journal: Journal | None = None  # the current message's journal
+        self._consumed = False  # the last model step reported its usage (and so checked the tree)
 
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
@@ -106,13 +108,17 @@ class LLMAgent(Agent):
         except BaseException:
             # A failed handling may have journaled steps: the next one must read the journal back.
             self._journal_end = None
+            if self._journal is not None:
+                self._journal.abandon()
             raise
+        finally:
+            self._journal = None
 
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         self._message_usage = Usage()
         journal = None
         if self.journal_enabled:
-            journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
+            journal = self._journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
             self._journal_end = None
         history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
         decision = approval_of(blocks)
@@ -190,7 +196,7 @@ class LLMAgent(Agent):
             break
         self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
         if journal is not None:
-            self.state[JOURNAL_SEQ_KEY] = self._journal_end = journal.seq
+            self.state[JOURNAL_SEQ_KEY] = self._journal_end = await journal.settle()
         await ctx.emit_progress(
             AgentStep.DONE, metadata={"finish": finish, "steps": step, "usage": self._usage_meta()}
         )
@@ -223,7 +229,7 @@ class LLMAgent(Agent):
         self.state[PENDING_KEY] = pending
         self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
         if journal is not None:
-            self.state[JOURNAL_SEQ_KEY] = self._journal_end = journal.seq
+            self.state[JOURNAL_SEQ_KEY] = self._journal_end = await journal.settle()
         waiting = [c for c in turn.tool_calls if c.call_id in calls]
         await ctx.emit_progress(
             AgentStep.PAUSED,
@@ -245,12 +251,18 @@ class LLMAgent(Agent):
             and calls
             and not self._needs_approval(calls)
         ):
-            await turn.ctx.check()
+            if self._consumed:
+                # ctx.usage() just checked the tree (budget, end, pause) on the server; the local
+                # cancellation is all that can have changed since.
+                turn.ctx.cancellation.check()
+            else:
+                await turn.ctx.check()  # the turn came from the journal: nothing was checked yet
             outcome.append(await self._tool_step(turn.ctx, model_turn.tool_calls, journal, step + 1))
 
     async def _model_step(
         self, ctx: Context, items: list[Item], journal: Journal | None, step: int
     ) -> ModelTurn:
+        self._consumed = False
         done = journal.replayed(step) if journal is not None else None
         if done is not None and done.finish_reason is not None:
             # Already paid for (and already counted against the budget) before the crash.
@@ -269,6 +281,8 @@ class LLMAgent(Agent):
             return await _race_cancellation(ctx, self._stream_turn(ctx, call.request))
 
         call = chain("model", self.middleware, call_model)
+        if journal is not None:
+            await journal.settle()  # a model call follows only stored steps: no crash pays for one twice
         turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model))
         if journal is not None:
             await journal.append(step, turn.item, turn.usage, turn.finish_reason)
@@ -285,6 +299,7 @@ class LLMAgent(Agent):
         )
         self._message_usage = self._message_usage + turn.usage
         await ctx.usage(turn.usage, turns=1)  # may raise BudgetExhaustedError: the tree's budget is spent
+        self._consumed = True
         return turn
 
     async def _stream_turn(self, ctx: Context, request: ModelRequest) -> ModelTurn:
@@ -306,6 +321,8 @@ class LLMAgent(Agent):
         done = journal.replayed(step) if journal is not None else None
         if done is not None:
             return done.item
+        if journal is not None:
+            await journal.settle()  # tools act only on a stored turn (never on one a retry asks again)
         results: dict[str, ToolResultBlock] = {}
         modes = {c.call_id: (t.mode if (t := self.tools.get(c.tool_name)) else "parallel") for c in calls}
         parallel = [c for c in calls if modes[c.call_id] == "parallel"]

@@ -1,4 +1,4 @@
-"""The loop's journal: every completed model turn and tool step, appended before the loop moves on.
+"""The loop's journal: every completed model turn and tool step, stored before the loop acts on it.
 
 A crash-retried handler (same message id) reads its journal back and takes completed steps from it instead
 of calling the model or the tools again: a crash never pays for a model call twice.
@@ -8,10 +8,16 @@ to it fenced by the sequence it cached at activation (an append in the middle of
 commit fail). The journal is therefore a sibling EventLog, ``<type>.llm-journal/<key>``, written only by the
 handler of that agent key. Each handled message records where the journal ended in the agent's state, so a
 replay reads only the entries since.
+
+An append is sent at once and stored in the background; `Journal.settle` waits for it. The loop settles
+before anything that must follow a stored step (a tool runs, the next model call, the handler's end), so
+the CPU work in between (usage, records, the next request) overlaps the server's round trip without
+widening the window in which a crash re-pays a turn (the ack arrives when it arrives either way).
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from typing import Any, Literal
 
@@ -58,6 +64,7 @@ class Journal:
         self._message_id = message_id
         self.seq = seq
         self.replay = replay
+        self._pending: asyncio.Future[int] | None = None
 
     @classmethod
     async def open(cls, ctx: Context, state: dict[str, Any], known_end: int | None = None) -> Journal:
@@ -85,7 +92,28 @@ class Journal:
     async def append(
         self, step: int, item: Item, usage: Usage | None = None, finish_reason: FinishReason | None = None
     ) -> None:
+        """Send one completed step (after the previous one is stored: each append is fenced by its seq)."""
         entry = LlmStep(
             message_id=self._message_id, step=step, item=item, usage=usage, finish_reason=finish_reason
         )
-        self.seq = await self._log.append([entry], expected_seq=self.seq)
+        expected = await self.settle()
+        self._pending = asyncio.ensure_future(self._log.append([entry], expected_seq=expected))
+
+    async def settle(self) -> int:
+        """Wait until every sent step is stored (raising what its append raised); the journal's last seq."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self.seq = await pending
+        return self.seq
+
+    def abandon(self) -> None:
+        """The handling failed: a step still in flight lands or fails on its own (a retry reads the journal
+        back either way); its outcome is collected so a failure is not reported as never retrieved."""
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.add_done_callback(_collect)
+
+
+def _collect(future: asyncio.Future[int]) -> None:
+    if not future.cancelled():
+        future.exception()

@@ -223,13 +223,20 @@ class ClusterSupervisor:
             "cost_micros": round((usage.cost.amount if usage.cost else 0.0) * COST_SCALE),
             "turns": turns,
         }
-        totals: dict[str, int] = {}
-        for dimension, delta in deltas.items():
-            if delta:
-                reply = await self.rt.nc.request(
+        # One round trip for all dimensions: the increments are independent (each is atomic on its own).
+        moved = [(dimension, delta) for dimension, delta in deltas.items() if delta]
+        replies = await asyncio.gather(
+            *(
+                self.rt.nc.request(
                     self._counter(run, dimension), b"", headers={"Nats-Incr": str(delta)}, timeout=5
                 )
-                totals[dimension] = int(json.loads(reply.data)["val"])
+                for dimension, delta in moved
+            )
+        )
+        totals = {
+            dimension: int(json.loads(reply.data)["val"])
+            for (dimension, _), reply in zip(moved, replies, strict=True)
+        }
         self._enforce(run, totals)
         await self.control.wait_if_paused(run.run_id)
 
@@ -238,15 +245,22 @@ class ClusterSupervisor:
             await self.local.check(run)
             return
         await self._raise_if_ended(run)
+        stream = self.rt.topology.names.counters_stream
+        names = [dimension for dimension, _ in _DIMENSIONS]
+        # Read concurrently: one round trip, not one per dimension (a check runs before every model call).
+        found = await asyncio.gather(
+            *(self.rt.js.get_last_msg(stream, self._counter(run, d)) for d in names), return_exceptions=True
+        )
         totals: dict[str, int] = {}
-        for dimension, _ in _DIMENSIONS:
-            try:
-                msg = await self.rt.js.get_last_msg(
-                    self.rt.topology.names.counters_stream, self._counter(run, dimension)
-                )
-                totals[dimension] = int(json.loads(msg.data or b"{}")["val"])
-            except Exception:
+        for dimension, msg in zip(names, found, strict=True):
+            if isinstance(msg, BaseException):
+                if not isinstance(msg, Exception):
+                    raise msg  # a cancellation, say: not a counter that was never incremented
                 continue  # never incremented
+            try:
+                totals[dimension] = int(json.loads(msg.data or b"{}")["val"])
+            except (ValueError, KeyError, TypeError):
+                continue  # not a counter's value: nothing to enforce
         self._enforce(run, totals)
         await self.control.wait_if_paused(run.run_id)
 
