@@ -164,14 +164,19 @@ class EngineCore:
             return False
         return await self.end_tree(root_id, deadline_ending())
 
-    async def end_tree(self, root_id: str, ending: Ending) -> bool:
-        """End the whole tree (root first, by CAS: exactly one caller wins); returns whether we won."""
-        found = await self.store.get_run(root_id)
+    async def end_tree(
+        self, root_id: str, ending: Ending, known: tuple[RunRecord, int] | None = None
+    ) -> bool:
+        """End the whole tree (root first, by CAS: exactly one caller wins); returns whether we won.
+
+        ``known``: the root's record and revision as the caller just read them (not read again; a stale
+        one costs a CAS conflict and a re-read)."""
+        found = known or await self.store.get_run(root_id)
         if found is None or found[0].status in TERMINAL:
             return False
         tree = await self.store.get_tree(root_id)
         ending.usage = await self.usage(found[0], tree[0] if tree else None)
-        changed = await self.store.update_run(root_id, lambda rec: apply_ending(rec, ending))
+        changed = await self.store.update_run(root_id, lambda rec: apply_ending(rec, ending), known=found)
         if not changed.written:
             return False
         if metrics_enabled():

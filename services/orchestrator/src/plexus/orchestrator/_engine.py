@@ -100,11 +100,13 @@ class Engine(Preemption):
         # Input first, then the run, then its slots: a replica dying between steps leaves a PENDING run the
         # sweeper can still dispatch, never a run without its input.
         await self.store.put_input(run_id, payload)
-        if await self.store.create_run(record) is None:
+        revision = await self.store.create_run(record)
+        if revision is None:
             raced = await self.store.require_run(run_id)
             return await self._repeated_start(raced[0], str(agent))
-        await self.ensure_tree(record)
-        started = await self.dispatch(run_id)
+        await self.ensure_tree(record, new=True)
+        # What was just written is handed on, not read back: three round trips less per start.
+        started = await self.dispatch(run_id, fresh=(record, revision, payload))
         return StartRunReply(run_id=run_id, status=started.status if started else record.status)
 
     async def _repeated_start(self, record: RunRecord, agent: str) -> StartRunReply:
@@ -116,10 +118,13 @@ class Engine(Preemption):
                 record = dispatched
         return StartRunReply(run_id=record.run_id, status=record.status)
 
-    async def ensure_tree(self, root: RunRecord) -> TreeRecord:
-        found = await self.store.get_tree(root.run_id)
-        if found is not None:
-            return found[0]
+    async def ensure_tree(self, root: RunRecord, *, new: bool = False) -> TreeRecord:
+        """The root's tree record, created when missing. ``new``: the root was just created, so its tree
+        most likely is missing too: create first, read only if that loses (a retried start)."""
+        if not new:
+            found = await self.store.get_tree(root.run_id)
+            if found is not None:
+                return found[0]
         spawn = SpawnBudget.model_validate(root.spawn_budget or {})
         tree = TreeRecord(
             root_id=root.run_id,
@@ -136,15 +141,24 @@ class Engine(Preemption):
             return again[0]
         return tree
 
-    async def dispatch(self, run_id: str) -> RunRecord | None:
-        """Publish a PENDING root's first envelope and mark it RUNNING (idempotent: fixed message id)."""
-        found = await self.store.get_run(run_id)
-        if found is None:
-            return None
-        record = found[0]
+    async def dispatch(
+        self, run_id: str, fresh: tuple[RunRecord, int, bytes] | None = None
+    ) -> RunRecord | None:
+        """Publish a PENDING root's first envelope and mark it RUNNING (idempotent: fixed message id).
+
+        ``fresh``: the record, its revision and the input that `start` has just stored (not read again)."""
+        payload: bytes | None = None
+        if fresh is not None:
+            record, revision, payload = fresh
+        else:
+            found = await self.store.get_run(run_id)
+            if found is None:
+                return None
+            record, revision = found
         if record.status != RunStatus.PENDING or record.attempts != 0 or record.parent_id is not None:
             return record
-        payload = await self.store.get_input(run_id)
+        if payload is None:
+            payload = await self.store.get_input(run_id)
         if payload is None:
             await self.end_tree(
                 run_id,
@@ -194,7 +208,7 @@ class Engine(Preemption):
             rec.updated_at = time.time()
             return True
 
-        changed = await self.store.update_run(run_id, running)
+        changed = await self.store.update_run(run_id, running, known=(record, revision))
         if changed.written:
             await self._log(
                 changed.record,
@@ -378,7 +392,7 @@ class Engine(Preemption):
         run_id = v.parse_run_id("finished", "run_id", rep.run_id)
         error = v.parse_error("finished", rep.error)
         output = msgspec.Raw(v.parse_payload("finished", rep.output)) if rep.output is not None else None
-        record, _ = await self.store.require_run(run_id)
+        record, revision = await self.store.require_run(run_id)
         if record.status in TERMINAL:
             # A repeated or late report: the first one decided. Its replica may have died before freeing
             # the slot, though, and the reporter retries exactly then.
@@ -401,7 +415,7 @@ class Engine(Preemption):
             RunStatus.GUARDRAIL_TRIPPED: "guardrail_tripped",
         }.get(status, "failed")
         ending = Ending(status, decision, error if status != RunStatus.COMPLETED else None, output)
-        return await self._end_run(record, ending)
+        return await self._end_run(record, ending, revision)
 
     async def crashed(self, rep: CrashReport) -> RunRecord:
         run_id = v.parse_run_id("crashed", "run_id", rep.run_id)
@@ -476,11 +490,15 @@ class Engine(Preemption):
         if record.parent_id is not None and record.status in TERMINAL:
             await self.release_slots(record.root_id, [record.run_id])
 
-    async def _end_run(self, record: RunRecord, ending: Ending) -> RunRecord:
+    async def _end_run(self, record: RunRecord, ending: Ending, revision: int | None = None) -> RunRecord:
+        """End one run; ``revision``: the one ``record`` was read at (its CAS then starts from it)."""
+        known = (record, revision) if revision is not None else None
         if record.parent_id is None:
-            await self.end_tree(record.run_id, ending)
+            await self.end_tree(record.run_id, ending, known)
             return (await self.store.require_run(record.run_id))[0]
-        changed = await self.store.update_run(record.run_id, lambda rec: apply_ending(rec, ending))
+        changed = await self.store.update_run(
+            record.run_id, lambda rec: apply_ending(rec, ending), known=known
+        )
         if changed.written:
             await self._log_ending(changed.record, ending)
             await self.release_slots(record.root_id, [record.run_id])

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Iterable
 from typing import Any, Literal
 
@@ -36,6 +37,8 @@ _tracer = trace.get_tracer("plexus.orchestrator")
 
 #: The agent type the orchestrator's log and progress subjects use (``orchestrator/<run>``).
 ORCHESTRATOR_TYPE = "orchestrator"
+#: How many trees' last log sequences a replica remembers (a forgotten one costs a read, or a conflict).
+_LOG_SEQS_KEPT = 4096
 
 
 @register_message_type
@@ -65,6 +68,9 @@ class Announcer:
         self.js = js
         self.prefix = prefix
         self.events_stream = events_stream
+        # The last sequence this replica wrote to each tree's log: the next decision's append tries it
+        # first instead of reading (another replica's write in between costs one conflict and a retry).
+        self._log_seqs: OrderedDict[str, int] = OrderedDict()
 
     def _subjects(self, namespace: str) -> Subjects:
         return Subjects(namespace=namespace, prefix=self.prefix)
@@ -92,7 +98,12 @@ class Announcer:
                 log_ = EventLog(
                     self.js, subjects.evlog(ORCHESTRATOR_TYPE, record.root_id), stream=self.events_stream
                 )
-                seq = await log_.append_with_retry(lambda _last: [entry], attempts=10)
+                seq = await log_.append_with_retry(
+                    lambda _last: [entry], attempts=10, expected=self._log_seqs.pop(record.root_id, 0)
+                )
+                self._log_seqs[record.root_id] = seq
+                if len(self._log_seqs) > _LOG_SEQS_KEPT:
+                    self._log_seqs.popitem(last=False)
             except Exception:
                 log.exception("could not log %s of run %s", decision, record.run_id)
             try:

@@ -84,9 +84,19 @@ class RunStore:
         """Store a new run; None when a run with this id already exists."""
         return await self._create(run_kv_key(record.run_id), record)
 
-    async def update_run(self, run_id: str, mutate: Callable[[RunRecord], bool]) -> Changed[RunRecord]:
-        """Apply ``mutate`` (in place; returns whether to write) by CAS. Raises RunNotFoundError."""
-        return await self._update(run_kv_key(run_id), _RUN_DECODER, mutate, lambda: RunNotFoundError(run_id))
+    async def update_run(
+        self,
+        run_id: str,
+        mutate: Callable[[RunRecord], bool],
+        known: tuple[RunRecord, int] | None = None,
+    ) -> Changed[RunRecord]:
+        """Apply ``mutate`` (in place; returns whether to write) by CAS. Raises RunNotFoundError.
+
+        ``known``: the record and revision the caller just wrote or read; the first attempt starts from a
+        copy of it instead of reading (a stale one costs one conflict and a re-read)."""
+        return await self._update(
+            run_kv_key(run_id), _RUN_DECODER, mutate, lambda: RunNotFoundError(run_id), known
+        )
 
     async def delete_run(self, run_id: str, revision: int) -> bool:
         """Delete a run only if it is still at ``revision`` (a spawn that was never admitted)."""
@@ -146,9 +156,14 @@ class RunStore:
         decoder: msgspec.json.Decoder[S],
         mutate: Callable[[S], bool],
         missing: Callable[[], Exception],
+        known: tuple[S, int] | None = None,
     ) -> Changed[S]:
         for attempt in range(self.attempts):
-            found = await self._get(key, decoder)
+            if known is not None:
+                found: tuple[S, int] | None = (msgspec.structs.replace(known[0]), known[1])
+                known = None
+            else:
+                found = await self._get(key, decoder)
             if found is None:
                 raise missing()
             record, revision = found

@@ -152,16 +152,20 @@ class EventLog(Generic[T]):
             raise ValueError("append needs at least one entry")
         return b"[" + b",".join(self._encode(entry) for entry in entries) + b"]"
 
-    async def append_with_retry(self, build: Callable[[int], Sequence[T]], attempts: int = 5) -> int:
+    async def append_with_retry(
+        self, build: Callable[[int], Sequence[T]], attempts: int = 5, *, expected: int | None = None
+    ) -> int:
         """Append ``build(last_seq)``, rebuilding against the new last sequence after a conflict.
 
         ``build`` sees the sequence its entries will follow, so it can re-derive them from the log. An
         empty build appends nothing and returns the current last sequence. After ``attempts`` conflicts the
-        last `ConcurrentAppendError` propagates.
+        last `ConcurrentAppendError` propagates. ``expected``: a guess of the last sequence (one the caller
+        saw last time): the first attempt uses it instead of reading, and a wrong guess costs one conflict.
         """
         if attempts < 1:
             raise ValueError(f"attempts must be >= 1, got {attempts}")
-        expected = await self.last_seq()
+        if expected is None:
+            expected = await self.last_seq()
         for attempt in range(attempts):
             entries = build(expected)
             if not entries:
