@@ -269,6 +269,34 @@ async def test_append_with_retry_gives_up_after_attempts(js: JetStreamContext) -
     assert len(await log.read()) == 2  # the two rival writes only
 
 
+async def test_append_with_retry_tries_a_guessed_seq_first(js: JetStreamContext) -> None:
+    """``expected=``: a right guess appends without reading the log; a stale one costs one conflict."""
+    log = dict_log(js)
+    first = await log.append([{"n": 1}], 0)
+    reads = 0
+    original_last_seq = log.last_seq
+
+    async def counting_last_seq() -> int:
+        nonlocal reads
+        reads += 1
+        return await original_last_seq()
+
+    log.last_seq = counting_last_seq  # type: ignore[method-assign]
+    seen: list[int] = []
+
+    def build(last: int) -> list[dict[str, Any]]:
+        seen.append(last)
+        return [{"after": last}]
+
+    second = await log.append_with_retry(build, expected=first)
+    assert (seen, reads) == ([first], 0)
+    third = await log.append_with_retry(build, expected=first)  # stale: the log moved on to `second`
+    assert seen == [first, first, second]
+    records = await log.read()
+    assert [r.entry for r in records] == [{"n": 1}, {"after": first}, {"after": second}]
+    assert third == records[-1].seq
+
+
 async def test_append_with_retry_empty_build_is_a_no_op(js: JetStreamContext) -> None:
     log = dict_log(js)
     s = await log.append([{"n": 1}], 0)
