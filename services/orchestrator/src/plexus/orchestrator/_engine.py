@@ -47,9 +47,7 @@ from plexus.runtime.orchestration import (
 )
 
 from . import _validate as v
-from ._budget import budget_error
 from ._endings import (
-    DEADLINE,
     Ending,
     EngineConfig,
     apply_ending,
@@ -58,15 +56,15 @@ from ._endings import (
     tree_error,
 )
 from ._events import RunDecision
-from ._preemption import Preemption
 from ._spawn import admit
+from ._spawning import SpawnSupport
 
 __all__ = ["Engine", "EngineConfig", "tree_error"]
 
 log = logging.getLogger("plexus.orchestrator")
 
 
-class Engine(Preemption):
+class Engine(SpawnSupport):
     """All state transitions of run trees (see the module docstring)."""
 
     async def start(self, req: StartRunRequest) -> StartRunReply:
@@ -229,7 +227,7 @@ class Engine(Preemption):
         child_agent = str(child_id)
         priority = v.parse_priority("spawn", req.priority)
         wanted = v.parse_run_id("spawn", "child_run_id", req.child_run_id) if req.child_run_id else None
-        parent, _ = await self.store.require_run(parent_id)
+        parent, parent_revision = await self.store.require_run(parent_id)
         if parent.root_id != root_id:
             raise InvalidRunRequest(
                 "spawn", f"run {parent_id} belongs to tree {parent.root_id}, not {root_id}"
@@ -283,7 +281,8 @@ class Engine(Preemption):
             rec.updated_at = time.time()
             return True
 
-        child = (await self.store.update_run(child.run_id, admitted)).record
+        # Both CAS from the revisions read above (a stale one, e.g. a sibling spawned meanwhile, re-reads).
+        child = (await self.store.update_run(child.run_id, admitted, known=(child, revision))).record
 
         def adopt(rec: RunRecord) -> bool:
             if child.run_id in rec.children:
@@ -292,7 +291,7 @@ class Engine(Preemption):
             rec.updated_at = time.time()
             return True
 
-        await self.store.update_run(parent.run_id, adopt)
+        await self.store.update_run(parent.run_id, adopt, known=(parent, parent_revision))
         # The tree may have ended between our check and the admission: then the child ends with it.
         latest_root = (await self.store.require_run(root.run_id))[0]
         if latest_root.status in TERMINAL:
@@ -315,77 +314,6 @@ class Engine(Preemption):
             preempted=admission.preempted,
         )
         return self._spawn_reply(child, root, admission.preempted)
-
-    async def _child_record(
-        self, wanted: str | None, parent: RunRecord, root: RunRecord, agent: str, priority: int
-    ) -> tuple[RunRecord, int]:
-        if wanted is not None:
-            found = await self.store.get_run(wanted)
-            if found is not None:
-                if found[0].parent_id != parent.run_id or found[0].agent_id != agent:
-                    raise InvalidRunRequest(
-                        "spawn", f"run {wanted} exists and is not {agent} under {parent.run_id}"
-                    )
-                return found
-        now = time.time()
-        record = RunRecord(
-            run_id=wanted or str(RunId.new()),
-            root_id=root.run_id,
-            parent_id=parent.run_id,
-            depth=parent.depth + 1,
-            agent_id=agent,
-            session_id=root.session_id,
-            status=RunStatus.PENDING,  # until admitted; a denied child is deleted again
-            priority=priority,
-            budget=root.budget,
-            spawn_budget=root.spawn_budget,
-            retry=root.retry,
-            deadline=root.deadline,
-            created_at=now,
-            updated_at=now,
-        )
-        revision = await self.store.create_run(record)
-        if revision is None:  # the same retried spawn raced with itself
-            return await self._child_record(record.run_id, parent, root, agent, priority)
-        return record, revision
-
-    def _spawn_reply(self, child: RunRecord, root: RunRecord, preempted: str | None) -> SpawnReply:
-        assert child.parent_id is not None
-        return SpawnReply(
-            run_id=child.run_id,
-            root_id=root.run_id,
-            parent_id=child.parent_id,
-            depth=child.depth,
-            priority=child.priority,
-            session_id=root.session_id,
-            deadline=root.deadline,
-            budget=root.budget,
-            retry=root.retry,
-            preempted=preempted,
-        )
-
-    async def _ancestors(self, run: RunRecord) -> set[str]:
-        chain = {run.run_id, run.root_id}
-        current = run
-        while current.parent_id is not None and current.parent_id not in chain - {run.run_id}:
-            chain.add(current.parent_id)
-            found = await self.store.get_run(current.parent_id)
-            if found is None:
-                break
-            current = found[0]
-        return chain
-
-    async def _enforce_now(self, root: RunRecord) -> None:
-        """Spawning is a natural check point: end the tree here if the sweeper has not got to it yet."""
-        if root.deadline is not None and time.time() >= root.deadline:
-            await self.enforce_deadline(root.run_id)
-            raise CancellationError(DEADLINE)
-        if root.budget:
-            tree = await self.store.get_tree(root.run_id)
-            error = budget_error(root.budget, await self.usage(root, tree[0] if tree else None))
-            if error is not None:
-                await self.check_budget(root.run_id)
-                raise error
 
     # -- reports --------------------------------------------------------------------------------------
     async def finished(self, rep: FinishedReport) -> RunRecord:
