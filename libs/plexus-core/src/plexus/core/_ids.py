@@ -22,6 +22,8 @@ from pydantic import GetCoreSchemaHandler
 from pydantic_core import core_schema
 from ulid import ULID
 
+from ._ulids import mint_ulid
+
 __all__ = [
     "ID_MAX_LENGTH",
     "ApprovalId",
@@ -99,9 +101,9 @@ class TypedId(str):
         """Mint a fresh ``<prefix>_<ULID>`` id."""
         if cls is TypedId:
             raise TypeError("TypedId is abstract; use a concrete id type such as RunId")
-        # Valid by construction (the prefix was checked by __init_subclass__, the body is python-ulid's), so
-        # it skips `_validate`: re-reading an id just minted was a third of the cost of minting it.
-        return str.__new__(cls, f"{cls.prefix}_{ULID()}")
+        # Valid by construction (the prefix was checked by __init_subclass__, the body is a minted ULID),
+        # so it skips `_validate`: re-reading an id just minted cost a third of minting it.
+        return str.__new__(cls, f"{cls.prefix}_{mint_ulid()}")
 
     @classmethod
     def parse(cls, value: str) -> Self:

@@ -35,11 +35,11 @@ from pydantic import (
     model_serializer,
     model_validator,
 )
-from ulid import ULID
 
 from ._errors import WIRE_ERROR_VERSION, KernelError
 from ._ids import MessageId, RunId, ToolCallId
 from ._json import JsonValue
+from ._ulids import mint_ulid
 from ._usage import FinishReason, Usage
 
 __all__ = [
@@ -78,10 +78,11 @@ __all__ = [
 
 def _new_id(data: dict[str, Any]) -> MessageId:
     # A bare ULID, as the seed says, minted from the message's own timestamp so ids sort like timestamps.
-    # float() matters: python-ulid reads an int as milliseconds. A timestamp that failed validation is
-    # absent from `data`; the model is rejected anyway, so any id will do.
+    # float(): an int timestamp is seconds too (python-ulid, the fork-safe path, reads an int as
+    # milliseconds). A timestamp that failed validation is absent from `data`; the model is rejected
+    # anyway, so any id will do.
     ts = data.get("timestamp")
-    return MessageId(str(ULID.from_timestamp(float(ts)) if isinstance(ts, int | float) else ULID()))
+    return MessageId(mint_ulid(float(ts) if isinstance(ts, int | float) else None))
 
 
 _ULID_MAX_SECONDS = (2**48 - 1) / 1000
