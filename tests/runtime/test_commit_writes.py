@@ -1,7 +1,8 @@
-"""Issue 12 item 1 (in part): a message that leaves its agent's state unchanged is committed by ONE JetStream
-write (the EventLog append, ending with a `MessageCommitted` marker that carries the reply); the checkpoint is
-written when the state changes, for a new agent, and at least every `CHECKPOINT_EVERY` messages. A new owner
-rebuilds the handled-message memory from the log, so a duplicate is still answered with the stored reply."""
+"""Issue 12 item 1: a durable message is committed by ONE JetStream write — the EventLog append, ending with a
+`MessageCommitted` marker that carries the reply and the agent's state delta; the checkpoint is written for
+a new agent, at least every `CHECKPOINT_EVERY` messages, and when no brief delta says the change. A new owner
+rebuilds the state (checkpoint + deltas) and the handled-message memory from the log, so a duplicate is still
+answered with the stored reply and the state continues exactly."""
 
 from __future__ import annotations
 
@@ -36,10 +37,23 @@ class Counter(Agent):
         return [TextBlock(text=str(self.n))]
 
 
+class Notes(Agent):
+    """Appends each message's text to a list; "undo" adds one, restores, and answers with the list."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        text = "".join(getattr(b, "text", "") for b in blocks)
+        self.state["notes"] = [*self.state.get("notes", []), text]
+        self.state["last"] = text
+        if text == "undo":
+            await ctx.restore()
+        return [TextBlock(text=",".join(self.state.get("notes", [])))]
+
+
 def app() -> App:
     app = App()
     app.register("c-echo", lambda _id: Echo())
     app.register("c-counter", lambda _id: Counter())
+    app.register("c-notes", lambda _id: Notes())
     return app
 
 
@@ -73,13 +87,17 @@ async def test_an_unchanged_state_commits_with_the_eventlog_append_alone(
     # The checkpoint is still written with (at least) every CHECKPOINT_EVERY-th message.
     assert await _send(runtime, echo, "last") == "last"
     assert await _revision(runtime, echo) > first
-    # A state change writes it every time.
+    # A state change is one write too: its delta rides in the marker.
     counter = AgentId("c-counter", "k")
-    revisions = []
-    for i in range(3):
-        assert await _send(runtime, counter, "x") == str(i + 1)
-        revisions.append(await _revision(runtime, counter))
-    assert revisions == sorted(set(revisions))
+    assert await _send(runtime, counter, "x") == "1"  # new: checkpointed
+    created = await _revision(runtime, counter)
+    for i in range(2, 6):
+        assert await _send(runtime, counter, "x") == str(i)
+    assert await _revision(runtime, counter) == created
+    markers = [
+        r.entry for r in await runtime.event_log(counter).read() if isinstance(r.entry, MessageCommitted)
+    ]
+    assert [m.state for m in markers] == [f'{{"set":{{"n":{i}}}}}' for i in range(2, 6)]
 
 
 async def test_a_new_owner_answers_a_duplicate_of_a_message_committed_by_its_append_alone(
@@ -104,3 +122,51 @@ async def test_a_new_owner_answers_a_duplicate_of_a_message_committed_by_its_app
     assert received.count(message_id) == 1
     # And the agent goes on.
     assert await _send(runtime, echo, "next") == "next"
+
+
+async def test_a_new_owner_continues_from_the_checkpoint_and_the_logged_deltas(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    first = await start_worker(app())
+    counter, notes = AgentId("c-counter", "moved"), AgentId("c-notes", "moved")
+    for i in range(1, 6):
+        assert await _send(runtime, counter, "x") == str(i)
+    for i in range(5):
+        assert await _send(runtime, notes, f"n{i}") == ",".join(f"n{j}" for j in range(i + 1))
+    # A list that grows logs its new items only, not the list again.
+    markers = [
+        r.entry for r in await runtime.event_log(notes).read() if isinstance(r.entry, MessageCommitted)
+    ]
+    assert markers[-1].state == '{"set":{"last":"n4"},"ext":{"notes":["n4"]}}'
+    await first.stop(drain_timeout=5)
+    await start_worker(app())
+    # The checkpoint holds n=1 and ["n0"]; the new owner applies the deltas logged after it.
+    assert await _send(runtime, counter, "x") == "6"
+    assert await _send(runtime, notes, "n5") == "n0,n1,n2,n3,n4,n5"
+
+
+async def test_restore_goes_back_to_the_last_commit_not_the_checkpoint(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    await start_worker(app())
+    notes = AgentId("c-notes", "undo")
+    for i in range(3):
+        await _send(runtime, notes, f"n{i}")
+    assert await _send(runtime, notes, "undo") == "n0,n1,n2"  # n1 and n2 were committed as deltas
+    assert await _send(runtime, notes, "n3") == "n0,n1,n2,n3"
+
+
+async def test_a_state_too_large_for_a_delta_is_checkpointed(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    await start_worker(app())
+    notes = AgentId("c-notes", "big")
+    await _send(runtime, notes, "a")
+    before = await _revision(runtime, notes)
+    await _send(runtime, notes, "x" * 40_000)  # over DELTA_MAX_BYTES: written whole
+    assert await _revision(runtime, notes) > before
+    markers = [
+        r.entry for r in await runtime.event_log(notes).read() if isinstance(r.entry, MessageCommitted)
+    ]
+    assert markers == []
+    assert (await _send(runtime, notes, "b")).endswith(",b")

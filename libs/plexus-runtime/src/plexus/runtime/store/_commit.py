@@ -1,12 +1,13 @@
-"""The durable commit of one handled message: EventLog entries, then the checkpoint (CAS) when needed.
+"""The durable commit of one handled message: its EventLog append, and the checkpoint (CAS) when needed.
 
 Both writes are fenced: the EventLog append by the activation's last sequence, the checkpoint by its KV
 revision, so a zombie worker's commit fails instead of overwriting the owner's (see architecture.md,
-*Delivery and single activation*). The ack follows only after both.
+*Delivery and single activation*). The ack follows only after the commit.
 
-A message that leaves the agent's state unchanged is committed by the append alone (one write): its entries
-end with a `MessageCommitted` marker carrying the encoded reply, from which the next activation rebuilds its
-handled-message memory (`logged_since`). The checkpoint is still written every `CHECKPOINT_EVERY` messages.
+A message is normally committed by the append alone (one write): its entries end with a `MessageCommitted`
+marker carrying the encoded reply and the state delta (`worker/_delta.py`), from which the next activation
+rebuilds the agent's state and its handled-message memory (`logged_since`). The checkpoint is written for
+a new agent, every `CHECKPOINT_EVERY` messages, and when no brief delta says the change.
 """
 
 from __future__ import annotations
@@ -16,8 +17,15 @@ import logging
 from typing import TYPE_CHECKING, Any, Literal
 
 from plexus.core import AgentId, KernelMessage, ReplyMessage, RunMessageReceived, register_message_type
+from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.wire._envelope import Reply
-from plexus.runtime.worker._activation import REPLY_MAX_BYTES, Activation, ActivationTable, LoggedSince
+from plexus.runtime.worker._activation import (
+    REPLY_MAX_BYTES,
+    Activation,
+    ActivationTable,
+    LoggedCommit,
+    LoggedSince,
+)
 from plexus.runtime.worker._work import _reply_text, _Work
 
 if TYPE_CHECKING:
@@ -37,6 +45,10 @@ class MessageCommitted(KernelMessage):
     type: Literal["plexus.committed"] = "plexus.committed"
     message_id: str
     reply: str | None = None
+    #: The agent's state change (an encoded delta, `worker/_delta.py`); None: the state did not change.
+    state: str | None = None
+    #: The agent's progress sequence after the message, when it moved.
+    progress_seq: int | None = None
 
 
 class Committer:
@@ -47,7 +59,8 @@ class Committer:
     async def commit(
         self, activation: Activation, work: _Work, ctx: Context, reply: Reply, encoded: bytes | None
     ) -> None:
-        """EventLog, then checkpoint (CAS), so the ack that follows only follows durable effects."""
+        """The EventLog append (and the checkpoint's CAS after it when needed): the ack that follows only
+        follows durable effects."""
         env = work.env
         run_id = env.run.run_id if env.run else env.id
         entries: list[Any] = [
@@ -60,24 +73,38 @@ class Committer:
             text = _reply_text(reply)
             if text is not None:
                 entries.append(ReplyMessage(text=text))
-        state = activation.state_bytes()
-        checkpoint = activation.needs_checkpoint(state, env.id)
+        state = activation.encoded_state()
+        checkpoint, delta = activation.plan_commit(state, env.id)
         if not checkpoint:
             kept = encoded if encoded is not None and len(encoded) <= REPLY_MAX_BYTES else None
-            entries.append(MessageCommitted(message_id=env.id, reply=None if kept is None else kept.decode()))
+            moved = activation.progress_seq != activation.saved_progress_seq
+            marker = MessageCommitted(
+                message_id=env.id,
+                reply=None if kept is None else kept.decode(),
+                state=None if delta is None else delta.decode(),
+                progress_seq=activation.progress_seq if moved else None,
+            )
+            entries.append(marker)
         if env.id in activation.logged:
             # Logged by a worker that died before its checkpoint: the entries are there already.
             activation.logged.discard(env.id)
         else:
+            log = self.rt.event_log(work.agent_id)
             async with activation.log_lock:
-                activation.log_seq = await self.rt.event_log(work.agent_id).append(
-                    entries, expected_seq=activation.log_seq
-                )
+                try:
+                    activation.log_seq = await log.append(entries, expected_seq=activation.log_seq)
+                except PayloadTooLargeError:
+                    if checkpoint:
+                        raise
+                    # The marker's delta and reply made the batch too big (nothing was sent): two writes.
+                    entries.pop()
+                    checkpoint = True
+                    activation.log_seq = await log.append(entries, expected_seq=activation.log_seq)
         activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
         if checkpoint:
-            await self.activations.save(activation, state_bytes=state)
+            await self.activations.save(activation, state=state)
         else:
-            activation.unsaved += 1
+            activation.committed(state)
 
     async def committed(self, agent_id: AgentId, message_id: str, published: datetime.datetime) -> bool:
         """Whether `message_id` (stored in the inbox at `published`) is in `agent_id`'s EventLog, i.e. was
@@ -106,9 +133,14 @@ class Committer:
             return LoggedSince(set(), [])
         received = {str(r.entry.message_id) for r in records if isinstance(r.entry, RunMessageReceived)}
         committed = [
-            (r.entry.message_id, None if r.entry.reply is None else r.entry.reply.encode())
+            LoggedCommit(
+                message_id=r.entry.message_id,
+                reply=None if r.entry.reply is None else r.entry.reply.encode(),
+                delta=r.entry.state,
+                progress_seq=r.entry.progress_seq,
+            )
             for r in records
             if isinstance(r.entry, MessageCommitted)
         ]
-        done = {message_id for message_id, _ in committed}
+        done = {c.message_id for c in committed}
         return LoggedSince(received - done, committed)

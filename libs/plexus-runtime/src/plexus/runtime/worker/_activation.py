@@ -2,7 +2,9 @@
 
 The checkpoint document holds the agent's state, the ids (and replies) of recently handled messages — so a
 message redelivered after a crash between "handled" and "acked" is answered without running the handler
-twice — and the EventLog sequence the activation expects, which fences a zombie writer.
+twice — and the EventLog sequence the activation expects, which fences a zombie writer. Messages committed
+after the checkpoint by their EventLog append alone carry their state change (`_delta.py`), which an
+activation applies on top of the checkpoint.
 """
 
 from __future__ import annotations
@@ -21,8 +23,9 @@ from plexus.core import AgentId
 from plexus.runtime._agent import Agent, AgentType
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._checkpoints import CheckpointStore
+from plexus.runtime.worker._delta import StateParts, apply_delta, encode_parts, join_parts, state_delta
 
-__all__ = ["Activation", "ActivationTable", "CheckpointDoc", "LoggedSince"]
+__all__ = ["Activation", "ActivationTable", "CheckpointDoc", "LoggedCommit", "LoggedSince"]
 
 #: How many handled message ids a checkpoint remembers for redelivery de-duplication.
 HANDLED_MEMORY = 64
@@ -32,9 +35,9 @@ HANDLED_MEMORY = 64
 REPLY_MEMORY = 16
 #: A reply longer than this is not kept (only its id): a large reply would be rewritten with every checkpoint.
 REPLY_MAX_BYTES = 4096
-#: A message that leaves the agent's state unchanged is committed by its EventLog append alone (one write);
-#: the checkpoint is still written at least every this many messages, which bounds what an activation reads
-#: back from the log to rebuild its handled-message memory.
+#: A message is committed by its EventLog append alone (one write, carrying its state delta); the checkpoint
+#: is still written at least every this many messages, which bounds what an activation reads back from the
+#: log to rebuild its state and handled-message memory.
 CHECKPOINT_EVERY = 16
 
 
@@ -70,7 +73,9 @@ class Activation:
     log_seq: int
     progress_seq: int
     handled: OrderedDict[str, bytes | None]
-    saved_state: bytes
+    #: The state as of the last commit (checkpoint or delta): its parts, or its whole encoding when a key
+    #: is not a string (such a state is checkpointed whenever it changes).
+    saved: StateParts | bytes
     last_used: float = field(default_factory=time.monotonic)
     #: Serialises this activation's own EventLog appends (a handler may spawn children concurrently).
     log_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
@@ -79,23 +84,40 @@ class Activation:
     logged: set[str] = field(default_factory=set)
     #: Messages committed by their EventLog append alone since the checkpoint was last written.
     unsaved: int = 0
-    #: The progress sequence the checkpoint holds (a change needs a checkpoint, like a state change).
+    #: The progress sequence as of the last commit (a one-write commit logs it when it moved).
     saved_progress_seq: int = 0
 
-    def state_bytes(self) -> bytes:
-        return _encode(dict(self.agent.save_state()))
+    @property
+    def saved_state(self) -> bytes:
+        """The whole encoded state as of the last commit."""
+        return join_parts(self.saved) if isinstance(self.saved, dict) else self.saved
 
-    def needs_checkpoint(self, state_bytes: bytes, message_id: str) -> bool:
-        """Whether committing `message_id` must write the checkpoint, not only the EventLog: the state or the
-        progress sequence changed, the agent has no checkpoint yet, its log holds the message already (a
-        dead worker's append), or `CHECKPOINT_EVERY` messages went by without one."""
-        return (
-            state_bytes != self.saved_state
-            or self.progress_seq != self.saved_progress_seq
-            or self.revision is None
-            or message_id in self.logged
-            or self.unsaved + 1 >= CHECKPOINT_EVERY
-        )
+    def encoded_state(self) -> StateParts | bytes:
+        """The agent's state now, encoded as `saved` is (compare the two to see a change)."""
+        state = self.agent.save_state()
+        parts = encode_parts(state)
+        return parts if parts is not None else _encode(dict(state))
+
+    def plan_commit(self, state: StateParts | bytes, message_id: str) -> tuple[bool, bytes | None]:
+        """(write the checkpoint?, the state delta to log otherwise) for committing `message_id`.
+
+        The checkpoint is written for an agent that has none yet, when the log holds the message already (a
+        dead worker's append), every `CHECKPOINT_EVERY` messages, and when the state changed in a way no
+        delta says briefly (`DELTA_MAX_BYTES`, or a key that is not a string)."""
+        if self.revision is None or message_id in self.logged or self.unsaved + 1 >= CHECKPOINT_EVERY:
+            return True, None
+        if state == self.saved:
+            return False, None
+        if isinstance(state, dict) and isinstance(self.saved, dict):
+            delta = state_delta(self.saved, state)
+            return delta is None, delta
+        return True, None
+
+    def committed(self, state: StateParts | bytes) -> None:
+        """The message was committed by its EventLog append alone."""
+        self.saved = state
+        self.saved_progress_seq = self.progress_seq
+        self.unsaved += 1
 
     def reply_for(self, message_id: str) -> tuple[bool, bytes | None]:
         if message_id in self.handled:
@@ -128,18 +150,16 @@ class Activation:
             else:
                 handled[mid] = None
 
-    def document(self, state_bytes: bytes | None = None) -> tuple[bytes, bytes]:
-        """(state bytes, whole checkpoint bytes) for change detection and saving; `state_bytes` when the
-        caller has just encoded the state (`state_bytes()`)."""
-        if state_bytes is None:
-            state_bytes = self.state_bytes()
+    def document(self, state: StateParts | bytes) -> bytes:
+        """The checkpoint's bytes for `state` (`encoded_state()`)."""
+        state_bytes = join_parts(state) if isinstance(state, dict) else state
         doc = _CheckpointOut(
             state=msgspec.Raw(state_bytes),
             handled=list(self.handled.items()),
             log_seq=self.log_seq,
             progress_seq=self.progress_seq,
         )
-        return state_bytes, _encode(doc)
+        return _encode(doc)
 
 
 def _with_recent_replies(handled: list[tuple[str, bytes | None]]) -> OrderedDict[str, bytes | None]:
@@ -154,13 +174,25 @@ def _with_recent_replies(handled: list[tuple[str, bytes | None]]) -> OrderedDict
     return memory
 
 
+class LoggedCommit(msgspec.Struct, frozen=True):
+    """A message committed by its EventLog append alone, as an activation reads it back."""
+
+    message_id: str
+    #: Its encoded reply, when it was kept.
+    reply: bytes | None = None
+    #: Its state delta (`_delta.py`); None: the state did not change.
+    delta: str | None = None
+    #: The progress sequence after it, when it moved.
+    progress_seq: int | None = None
+
+
 class LoggedSince(msgspec.Struct, frozen=True):
     """What an agent's EventLog holds after its checkpoint's sequence."""
 
     #: Messages logged without their commit completing (the worker died before the checkpoint).
     logged: set[str]
-    #: Messages committed by the append alone, oldest first, with their encoded reply when it was kept.
-    committed: list[tuple[str, bytes | None]]
+    #: Messages committed by the append alone, oldest first.
+    committed: list[LoggedCommit]
 
 
 class ActivationTable:
@@ -194,8 +226,6 @@ class ActivationTable:
         # A stateless (durable=False) type has no checkpoint and commits no EventLog entries: touch no KV.
         stored = await self._checkpoints.load(self._key_of(agent_id)) if agent_type.durable else None
         doc = CheckpointDoc() if stored is None else _decode(stored.state)
-        if doc.state:
-            agent.load_state(doc.state)
         log_seq = doc.log_seq
         if self._last_log_seq is not None and agent_type.durable:
             # A worker that died between its EventLog append and its checkpoint save left the log ahead of
@@ -209,36 +239,46 @@ class ActivationTable:
             # logged but never checkpointed are recognised, so their redelivery does not append the same
             # entries a second time.
             since = await self._logged_since(agent_id, doc.log_seq)
+        state, progress_seq = dict(doc.state), doc.progress_seq
+        for commit in since.committed:  # the state as of the last commit: the checkpoint and its deltas
+            if commit.delta is not None:
+                apply_delta(state, commit.delta)
+            if commit.progress_seq is not None:
+                progress_seq = commit.progress_seq
+        if state:
+            agent.load_state(state)
         activation = Activation(
             agent_id=agent_id,
             agent=agent,
             agent_type=agent_type,
             revision=None if stored is None else stored.revision,
             log_seq=log_seq,
-            progress_seq=doc.progress_seq,
+            progress_seq=progress_seq,
             handled=_with_recent_replies(doc.handled),
-            saved_state=_encode(dict(agent.save_state())),
+            saved=b"",
             logged=since.logged,
             unsaved=len(since.committed),
-            saved_progress_seq=doc.progress_seq,
+            saved_progress_seq=progress_seq,
         )
-        for message_id, reply in since.committed:
-            activation.remember(message_id, reply, reply_budget=REPLY_MEMORY * REPLY_MAX_BYTES)
+        activation.saved = activation.encoded_state()
+        for commit in since.committed:
+            activation.remember(commit.message_id, commit.reply, reply_budget=REPLY_MEMORY * REPLY_MAX_BYTES)
         await agent.on_activate(agent_id)
         self._live[agent_id] = activation
         if metrics_enabled():
             INSTRUMENTS.activations.add(1, {"agent_type": agent_id.type})
         return activation
 
-    async def save(
-        self, activation: Activation, *, force: bool = False, state_bytes: bytes | None = None
-    ) -> None:
-        """Write the checkpoint by compare-and-swap on the revision (a zombie's write fails)."""
-        state_bytes, doc = activation.document(state_bytes)
+    async def save(self, activation: Activation, *, state: StateParts | bytes | None = None) -> None:
+        """Write the checkpoint by compare-and-swap on the revision (a zombie's write fails); `state`: the
+        agent's state as the caller has just encoded it (`encoded_state()`)."""
+        if state is None:
+            state = activation.encoded_state()
+        doc = activation.document(state)
         activation.revision = await self._checkpoints.save(
             self._key_of(activation.agent_id), doc, expected_revision=activation.revision
         )
-        activation.saved_state = state_bytes
+        activation.saved = state
         activation.saved_progress_seq = activation.progress_seq
         activation.unsaved = 0
 
