@@ -6,13 +6,18 @@ answered with the stored reply and the state continues exactly."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+from nats.js.errors import KeyNotFoundError
+
 from plexus.core import AgentId, BaseBlock, MessageId, RunMessageReceived, TextBlock
-from plexus.runtime import Agent, App, Context, MessageCommitted, Runtime
+from plexus.runtime import Agent, App, Context, MessageCommitted, PayloadTooLargeError, Runtime
+from plexus.runtime.store._registry import WorkerInfo
 from plexus.runtime.wire._subjects import checkpoint_key
 from plexus.runtime.worker._activation import CHECKPOINT_EVERY
+from plexus.runtime.worker._delta import STATE_DELTAS
 
 from .conftest import StartWorker
 
@@ -58,7 +63,11 @@ def app() -> App:
 
 
 async def _revision(rt: Runtime, agent: AgentId) -> int:
-    entry = await rt.topology.checkpoints.get(checkpoint_key(agent.namespace, agent.type, agent.key))
+    """The agent's checkpoint revision; 0 while it has none."""
+    try:
+        entry = await rt.topology.checkpoints.get(checkpoint_key(agent.namespace, agent.type, agent.key))
+    except KeyNotFoundError:
+        return 0
     return int(entry.revision or 0)
 
 
@@ -67,33 +76,33 @@ async def _send(rt: Runtime, agent: AgentId, text: str, message_id: str | None =
     return "".join(getattr(b, "text", "") for b in reply)
 
 
-async def test_an_unchanged_state_commits_with_the_eventlog_append_alone(
+async def test_every_message_commits_with_the_eventlog_append_alone(
     runtime: Runtime, start_worker: StartWorker
 ) -> None:
     await start_worker(app())
     echo = AgentId("c-echo", "k")
-    assert await _send(runtime, echo, "first") == "first"  # a new agent: its checkpoint is written
-    first = await _revision(runtime, echo)
     for i in range(CHECKPOINT_EVERY - 1):
         assert await _send(runtime, echo, f"m{i}") == f"m{i}"
-    assert await _revision(runtime, echo) == first  # no checkpoint write for these
+    assert await _revision(runtime, echo) == 0  # not even a new agent's first message writes a checkpoint
     batches: dict[int, list[Any]] = {}
     for record in await runtime.event_log(echo).read():
         batches.setdefault(record.seq, []).append(record.entry)
-    assert len(batches) == CHECKPOINT_EVERY  # one EventLog write per message
-    markers = [b[-1] for b in list(batches.values())[1:]]
-    assert all(isinstance(m, MessageCommitted) and m.reply for m in markers)
+    assert len(batches) == CHECKPOINT_EVERY - 1  # one EventLog write per message
+    markers = [b[-1] for b in batches.values()]
+    assert all(isinstance(m, MessageCommitted) and m.reply and m.state is None for m in markers)
     assert [isinstance(b[0], RunMessageReceived) for b in batches.values()] == [True] * len(batches)
-    # The checkpoint is still written with (at least) every CHECKPOINT_EVERY-th message.
+    # The checkpoint is written with (at least) every CHECKPOINT_EVERY-th message.
     assert await _send(runtime, echo, "last") == "last"
-    assert await _revision(runtime, echo) > first
-    # A state change is one write too: its delta rides in the marker.
+    assert await _revision(runtime, echo) > 0
+    # A state change is one write too, its delta in the marker, once the activation has claimed the
+    # checkpoint with its first state change (a zombie's checkpoint write then fails its CAS).
     counter = AgentId("c-counter", "k")
-    assert await _send(runtime, counter, "x") == "1"  # new: checkpointed
-    created = await _revision(runtime, counter)
+    assert await _send(runtime, counter, "x") == "1"
+    claimed = await _revision(runtime, counter)
+    assert claimed > 0
     for i in range(2, 6):
         assert await _send(runtime, counter, "x") == str(i)
-    assert await _revision(runtime, counter) == created
+    assert await _revision(runtime, counter) == claimed
     markers = [
         r.entry for r in await runtime.event_log(counter).read() if isinstance(r.entry, MessageCommitted)
     ]
@@ -140,7 +149,8 @@ async def test_a_new_owner_continues_from_the_checkpoint_and_the_logged_deltas(
     assert markers[-1].state == '{"set":{"last":"n4"},"ext":{"notes":["n4"]}}'
     await first.stop(drain_timeout=5)
     await start_worker(app())
-    # The checkpoint holds n=1 and ["n0"]; the new owner applies the deltas logged after it.
+    # The checkpoints hold n=1 and ["n0"] (each activation's first change); the new owner applies the
+    # deltas logged after them.
     assert await _send(runtime, counter, "x") == "6"
     assert await _send(runtime, notes, "n5") == "n0,n1,n2,n3,n4,n5"
 
@@ -162,11 +172,74 @@ async def test_a_state_too_large_for_a_delta_is_checkpointed(
     await start_worker(app())
     notes = AgentId("c-notes", "big")
     await _send(runtime, notes, "a")
+    await _send(runtime, notes, "b")
     before = await _revision(runtime, notes)
     await _send(runtime, notes, "x" * 40_000)  # over DELTA_MAX_BYTES: written whole
     assert await _revision(runtime, notes) > before
+    last = [r.entry for r in await runtime.event_log(notes).read()][-1]
+    assert not isinstance(last, MessageCommitted)  # its batch has no marker: the checkpoint committed it
+    assert (await _send(runtime, notes, "c")).endswith(",c")
+
+
+class Growing(Agent):
+    """Keeps every message's text; "clear" forgets them all."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        text = "".join(getattr(b, "text", "") for b in blocks)
+        kept = [] if text == "clear" else [*self.state.get("kept", []), text]
+        self.state["kept"] = kept
+        return [TextBlock(text=str(len(kept)))]
+
+
+async def test_a_state_growing_by_deltas_past_the_checkpoint_limit_never_wedges_the_agent(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """Each message adds 30 KB (a delta, under DELTA_MAX_BYTES); the one that would make the state too big for
+    a checkpoint fails with PayloadTooLargeError (as before deltas), and the agent goes on afterwards. Without
+    the size check, the deltas would carry the state past the limit and the next checkpoint, and every one
+    after it, would fail: the agent would be stuck for good."""
+    app = App()
+    app.register("c-growing", lambda _id: Growing())
+    await start_worker(app)
+    agent = AgentId("c-growing", "k")
+    chunk = "y" * 30_000
+    counts: list[int] = []
+    failure: Exception | None = None
+    for _ in range(60):  # 60 x 30 KB is well past 1 MB
+        try:
+            counts.append(int(await _send(runtime, agent, chunk)))
+        except PayloadTooLargeError as exc:
+            failure = exc
+            break
+    assert isinstance(failure, PayloadTooLargeError)
+    assert counts == list(range(1, len(counts) + 1))
+    assert len(counts) * 30_000 < runtime.nc.max_payload  # refused before the state outgrew a checkpoint
+    assert await _send(runtime, agent, "small") == str(len(counts) + 1)  # not wedged
+    assert await _send(runtime, agent, "clear") == "0"
+
+
+async def test_no_delta_is_written_while_an_older_worker_hosts_the_type(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """Rolling upgrade: a live host of the type that does not list the `state-delta` feature (a worker of
+    the previous version) could not read a marker's delta, so state changes are checkpointed as before
+    until it is gone."""
+    await start_worker(app())
+    counter = AgentId("c-counter", "upgrade")
+    older = WorkerInfo.local("older-worker", [f"{counter.namespace}/{counter.type}"])
+    await runtime.registry.heartbeat(older)
+    view = runtime.connection.registry_view  # follows the same bucket as the worker's own view
+    for _ in range(100):
+        if not view.supported_by_all(f"{counter.namespace}/{counter.type}", STATE_DELTAS):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.3)  # and the worker's view, a watch of the same bucket, as well
+    revisions = []
+    for i in range(1, 4):
+        assert await _send(runtime, counter, "x") == str(i)
+        revisions.append(await _revision(runtime, counter))
+    assert revisions == sorted(set(revisions))  # every change checkpointed
     markers = [
-        r.entry for r in await runtime.event_log(notes).read() if isinstance(r.entry, MessageCommitted)
+        r.entry for r in await runtime.event_log(counter).read() if isinstance(r.entry, MessageCommitted)
     ]
     assert markers == []
-    assert (await _send(runtime, notes, "b")).endswith(",b")

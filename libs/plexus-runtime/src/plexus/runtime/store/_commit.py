@@ -6,8 +6,8 @@ revision, so a zombie worker's commit fails instead of overwriting the owner's (
 
 A message is normally committed by the append alone (one write): its entries end with a `MessageCommitted`
 marker carrying the encoded reply and the state delta (`worker/_delta.py`), from which the next activation
-rebuilds the agent's state and its handled-message memory (`logged_since`). The checkpoint is written for
-a new agent, every `CHECKPOINT_EVERY` messages, and when no brief delta says the change.
+rebuilds the agent's state and its handled-message memory (`logged_since`). The checkpoint is written every
+`CHECKPOINT_EVERY` messages, for a dead worker's half-commit, and when no brief delta says the change.
 """
 
 from __future__ import annotations
@@ -16,8 +16,11 @@ import datetime
 import logging
 from typing import TYPE_CHECKING, Any, Literal
 
+from pydantic import ConfigDict, SerializerFunctionWrapHandler, model_serializer
+
 from plexus.core import AgentId, KernelMessage, ReplyMessage, RunMessageReceived, register_message_type
 from plexus.runtime.store._artifacts import PayloadTooLargeError
+from plexus.runtime.store._registry import type_ref
 from plexus.runtime.wire._envelope import Reply
 from plexus.runtime.worker._activation import (
     REPLY_MAX_BYTES,
@@ -26,6 +29,7 @@ from plexus.runtime.worker._activation import (
     LoggedCommit,
     LoggedSince,
 )
+from plexus.runtime.worker._delta import STATE_DELTAS
 from plexus.runtime.worker._work import _reply_text, _Work
 
 if TYPE_CHECKING:
@@ -42,6 +46,9 @@ class MessageCommitted(KernelMessage):
     """The last entry of a message committed by its EventLog append alone (no checkpoint write): the message
     is handled, and `reply` (its encoded `Reply`, when small enough to keep) answers a redelivery."""
 
+    # Fields a later version adds are ignored, not refused: a log must stay readable across an upgrade.
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
     type: Literal["plexus.committed"] = "plexus.committed"
     message_id: str
     reply: str | None = None
@@ -49,6 +56,16 @@ class MessageCommitted(KernelMessage):
     state: str | None = None
     #: The agent's progress sequence after the message, when it moved.
     progress_seq: int | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        # Absent rather than null: a marker without a state change reads the same as before deltas existed,
+        # so workers of the previous version (which refuse unknown fields) still read it.
+        data = handler(self)
+        for name in ("state", "progress_seq"):
+            if data.get(name) is None:
+                data.pop(name, None)
+        return data
 
 
 class Committer:
@@ -74,7 +91,11 @@ class Committer:
             if text is not None:
                 entries.append(ReplyMessage(text=text))
         state = activation.encoded_state()
-        checkpoint, delta = activation.plan_commit(state, env.id)
+        # Deltas and progress sequences in markers only while every live host of the type reads them.
+        deltas = self.rt.connection.registry_view.supported_by_all(
+            type_ref(work.agent_id.namespace, work.agent_id.type), STATE_DELTAS
+        )
+        checkpoint, delta = activation.plan_commit(state, env.id, self.rt.nc.max_payload, deltas)
         if not checkpoint:
             kept = encoded if encoded is not None and len(encoded) <= REPLY_MAX_BYTES else None
             moved = activation.progress_seq != activation.saved_progress_seq
@@ -125,12 +146,9 @@ class Committer:
     async def logged_since(self, agent_id: AgentId, seq: int) -> LoggedSince:
         """What `agent_id`'s EventLog holds after `seq`: messages committed by their append alone, and
         messages only logged (their worker died before the checkpoint)."""
-        try:
-            records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
-        except ValueError as exc:
-            # An unreadable batch (written by someone else than the worker): best effort, never a wedge.
-            log.warning("cannot read the EventLog of %s past seq %d: %s", agent_id, seq, exc)
-            return LoggedSince(set(), [])
+        # An unreadable batch raises (ValueError): the state is rebuilt from these entries, and guessing
+        # without them would silently lose committed changes. The activation fails; the message is retried.
+        records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
         received = {str(r.entry.message_id) for r in records if isinstance(r.entry, RunMessageReceived)}
         committed = [
             LoggedCommit(
@@ -143,4 +161,4 @@ class Committer:
             if isinstance(r.entry, MessageCommitted)
         ]
         done = {c.message_id for c in committed}
-        return LoggedSince(received - done, committed)
+        return LoggedSince(received - done, committed, max((r.seq for r in records), default=0))

@@ -112,7 +112,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
 
     `types` lists the hosted agent types as ``"ns/type"`` refs; `topic_groups` maps a namespace to the
     worker's topic delivery group there (`topic_group` of its stateless types); `version` is the worker's
-    plexus-runtime version.
+    plexus-runtime version; `features` names what it can read that earlier versions cannot (a writer
+    uses such a form only when every live host of the type lists it: `RegistryCache.supported_by_all`).
     """
 
     worker_id: str
@@ -124,6 +125,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
     concurrency: int = 1
     version: str = ""
     topic_groups: dict[str, str] = msgspec.field(default_factory=dict)
+    features: list[str] = msgspec.field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.worker_id:
@@ -327,6 +329,7 @@ class RegistryCache:
         self._workers = KVMirror(registry.workers_kv, _worker_decoder.decode, signal=signal)
         self._owners: dict[str, dict[str, str]] = {}
         self._owners_at = (-1, 0.0)  # (registry version, monotonic time) the owners were computed at
+        self._support: dict[tuple[str, str], tuple[bool, int, float]] = {}
 
     async def start(self) -> None:
         """Load both buckets and keep following them; returns once the current contents are in memory."""
@@ -387,6 +390,19 @@ class RegistryCache:
                         per_ns[name] = min(group, per_ns.get(name, group))
             self._owners, self._owners_at = owners, (self._signal.version, now)
         return self._owners.get(namespace, {}).get(agent_type)
+
+    def supported_by_all(self, ref: str, feature: str) -> bool:
+        """Whether every live worker hosting `ref` (``"ns/type"``) lists `feature` (False when none is
+        known): during a rolling upgrade a new form of data is written only once no older reader is left."""
+        self._check_started()
+        now = time.monotonic()
+        known = self._support.get((ref, feature))
+        if known is not None and known[1] == self._signal.version and now - known[2] <= 1.0:
+            return known[0]
+        hosts = self.live_workers(ref)
+        supported = bool(hosts) and all(feature in w.features for w in hosts)
+        self._support[(ref, feature)] = (supported, self._signal.version, now)
+        return supported
 
     def has_live_host(self, namespace: str, agent_type: str) -> bool:
         """Whether some live worker hosts ``namespace/type`` right now."""

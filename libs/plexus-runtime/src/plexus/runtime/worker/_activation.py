@@ -86,6 +86,10 @@ class Activation:
     unsaved: int = 0
     #: The progress sequence as of the last commit (a one-write commit logs it when it moved).
     saved_progress_seq: int = 0
+    #: This activation has written the checkpoint (its revision moved): until it has, a state change is
+    #: checkpointed, so a zombie's later checkpoint write (`ctx.checkpoint()` in a handler that outlived its
+    #: lease) fails its compare-and-swap instead of overwriting the state the deltas apply to.
+    claimed: bool = False
 
     @property
     def saved_state(self) -> bytes:
@@ -98,20 +102,37 @@ class Activation:
         parts = encode_parts(state)
         return parts if parts is not None else _encode(dict(state))
 
-    def plan_commit(self, state: StateParts | bytes, message_id: str) -> tuple[bool, bytes | None]:
+    def plan_commit(
+        self, state: StateParts | bytes, message_id: str, checkpoint_limit: int, deltas: bool = True
+    ) -> tuple[bool, bytes | None]:
         """(write the checkpoint?, the state delta to log otherwise) for committing `message_id`.
 
-        The checkpoint is written for an agent that has none yet, when the log holds the message already (a
-        dead worker's append), every `CHECKPOINT_EVERY` messages, and when the state changed in a way no
-        delta says briefly (`DELTA_MAX_BYTES`, or a key that is not a string)."""
-        if self.revision is None or message_id in self.logged or self.unsaved + 1 >= CHECKPOINT_EVERY:
+        The checkpoint is written when the log holds the message already (a dead worker's append), every
+        `CHECKPOINT_EVERY` messages, for this activation's first state change (`claimed`), when the state
+        changed in a way no delta says briefly (`DELTA_MAX_BYTES`, or a key that is not a string), and when
+        the state would no longer fit in a checkpoint (`checkpoint_limit` bytes: that save then fails as
+        it always did, instead of a later one wedging the agent). A state that does not change needs none,
+        not even a new agent's: an activation reads its (at most 15) logged commits back. Without `deltas`
+        (an older worker hosts the type too) a state or progress change is checkpointed as before."""
+        if message_id in self.logged or self.unsaved + 1 >= CHECKPOINT_EVERY:
             return True, None
+        if not deltas:
+            return state != self.saved or self.progress_seq != self.saved_progress_seq, None
         if state == self.saved:
             return False, None
-        if isinstance(state, dict) and isinstance(self.saved, dict):
-            delta = state_delta(self.saved, state)
-            return delta is None, delta
-        return True, None
+        if not self.claimed or not isinstance(state, dict) or not isinstance(self.saved, dict):
+            return True, None
+        if self._checkpoint_size(state) > checkpoint_limit:
+            return True, None
+        delta = state_delta(self.saved, state)
+        return delta is None, delta
+
+    def _checkpoint_size(self, state: StateParts) -> int:
+        """An upper estimate of the checkpoint's size with `state` (its parts, the handled-message memory)."""
+        size = 64 + sum(len(key) * 6 + len(value) + 4 for key, value in state.items())
+        return size + sum(
+            len(mid) + 8 + (len(reply) * 2 if reply else 4) for mid, reply in self.handled.items()
+        )
 
     def committed(self, state: StateParts | bytes) -> None:
         """The message was committed by its EventLog append alone."""
@@ -193,6 +214,8 @@ class LoggedSince(msgspec.Struct, frozen=True):
     logged: set[str]
     #: Messages committed by the append alone, oldest first.
     committed: list[LoggedCommit]
+    #: The last sequence read (the log may have grown since its last sequence was asked).
+    last_seq: int = 0
 
 
 class ActivationTable:
@@ -239,6 +262,9 @@ class ActivationTable:
             # logged but never checkpointed are recognised, so their redelivery does not append the same
             # entries a second time.
             since = await self._logged_since(agent_id, doc.log_seq)
+            # What was read is what the state is rebuilt from: expect the log to end there, so an append
+            # that slipped in between (a zombie's) fences our next commit instead of being applied twice.
+            log_seq = max(log_seq, since.last_seq)
         state, progress_seq = dict(doc.state), doc.progress_seq
         for commit in since.committed:  # the state as of the last commit: the checkpoint and its deltas
             if commit.delta is not None:
@@ -279,6 +305,7 @@ class ActivationTable:
             self._key_of(activation.agent_id), doc, expected_revision=activation.revision
         )
         activation.saved = state
+        activation.claimed = True
         activation.saved_progress_seq = activation.progress_seq
         activation.unsaved = 0
 

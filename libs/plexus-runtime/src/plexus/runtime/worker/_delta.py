@@ -4,7 +4,7 @@ An agent's state is a mapping of top-level keys. A commit compares each key's en
 as of the agent's previous commit and logs only what changed, in the `MessageCommitted` marker that ends
 its EventLog append: keys set (their new JSON), keys dropped, and lists that only grew (their new items: a
 transcript that gains a turn logs the turn, not the transcript). The checkpoint is written when the delta
-would be large, every `CHECKPOINT_EVERY` messages, and in the cases `Activation.needs_checkpoint` lists;
+would be large, every `CHECKPOINT_EVERY` messages, and in the cases `Activation.plan_commit` lists;
 an activation loads the checkpoint and applies the deltas logged after it, in log order (the event
 sourcing with snapshots of Akka Persistence or Orleans' journaled grains, bounded to ≤ 15 deltas).
 """
@@ -16,7 +16,20 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["DELTA_MAX_BYTES", "StateParts", "apply_delta", "encode_parts", "join_parts", "state_delta"]
+__all__ = [
+    "DELTA_MAX_BYTES",
+    "STATE_DELTAS",
+    "StateParts",
+    "apply_delta",
+    "encode_parts",
+    "join_parts",
+    "state_delta",
+]
+
+#: The worker feature (heartbeat `WorkerInfo.features`) of reading markers with a state delta or a progress
+#: sequence: a worker writes them only while every live host of the agent's type can read them, so a
+#: rolling upgrade never hands an agent to an older worker that would lose a change.
+STATE_DELTAS = "state-delta"
 
 #: A delta larger than this is not logged: the commit writes the checkpoint instead (a delta is stored in
 #: the EventLog for good, and one near the size of the state saves nothing).

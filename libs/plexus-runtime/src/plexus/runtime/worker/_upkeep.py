@@ -20,6 +20,7 @@ from plexus.runtime.client._client import Runtime
 from plexus.runtime.interceptors._control import _cancel_hard
 from plexus.runtime.store._registry import WorkerInfo
 from plexus.runtime.wire._subjects import inbox_partition
+from plexus.runtime.worker._delta import STATE_DELTAS
 
 from ._activation import ActivationTable
 from ._mailbox import Mailboxes
@@ -59,6 +60,7 @@ class Upkeep:
                 types=[f"{t.namespace}/{t.name}" for t in self.app.types.values()],
                 concurrency=self.config.concurrency,
                 topic_groups=self._topics.groups,
+                features=[STATE_DELTAS],
             )
         )
 

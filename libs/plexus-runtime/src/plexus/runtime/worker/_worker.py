@@ -420,7 +420,14 @@ class Worker(Upkeep):
             return ACK
         if work.durable and work.msg.metadata.num_delivered > 1 and metrics_enabled():
             INSTRUMENTS.redeliveries.add(1, {"agent_type": agent_type.name})
-        if not seen and work.durable and work.msg.metadata.num_delivered > 1:
+        # A message in `activation.logged` is a half-commit (logged, never checkpointed): its log entry does
+        # not mean it was committed, so it runs again.
+        if (
+            not seen
+            and work.durable
+            and work.msg.metadata.num_delivered > 1
+            and env.id not in activation.logged
+        ):
             published = work.msg.metadata.timestamp
             if published is not None and await self._committer.committed(agent_id, env.id, published):
                 log.warning(
