@@ -14,6 +14,7 @@ from nats.js.errors import KeyNotFoundError
 
 from plexus.core import AgentId, BaseBlock, MessageId, RunMessageReceived, TextBlock
 from plexus.runtime import Agent, App, Context, MessageCommitted, PayloadTooLargeError, Runtime
+from plexus.runtime.store._commit import CheckpointTaken
 from plexus.runtime.store._registry import WorkerInfo
 from plexus.runtime.wire._subjects import checkpoint_key
 from plexus.runtime.worker._activation import CHECKPOINT_EVERY
@@ -94,19 +95,15 @@ async def test_every_message_commits_with_the_eventlog_append_alone(
     # The checkpoint is written with (at least) every CHECKPOINT_EVERY-th message.
     assert await _send(runtime, echo, "last") == "last"
     assert await _revision(runtime, echo) > 0
-    # A state change is one write too, its delta in the marker, once the activation has claimed the
-    # checkpoint with its first state change (a zombie's checkpoint write then fails its CAS).
+    # A state change is one write too: its delta rides in the marker (a new agent's first change as well).
     counter = AgentId("c-counter", "k")
-    assert await _send(runtime, counter, "x") == "1"
-    claimed = await _revision(runtime, counter)
-    assert claimed > 0
-    for i in range(2, 6):
+    for i in range(1, 6):
         assert await _send(runtime, counter, "x") == str(i)
-    assert await _revision(runtime, counter) == claimed
+    assert await _revision(runtime, counter) == 0
     markers = [
         r.entry for r in await runtime.event_log(counter).read() if isinstance(r.entry, MessageCommitted)
     ]
-    assert [m.state for m in markers] == [f'{{"set":{{"n":{i}}}}}' for i in range(2, 6)]
+    assert [m.state for m in markers] == [f'{{"set":{{"n":{i}}}}}' for i in range(1, 6)]
 
 
 async def test_a_new_owner_answers_a_duplicate_of_a_message_committed_by_its_append_alone(
@@ -149,8 +146,8 @@ async def test_a_new_owner_continues_from_the_checkpoint_and_the_logged_deltas(
     assert markers[-1].state == '{"set":{"last":"n4"},"ext":{"notes":["n4"]}}'
     await first.stop(drain_timeout=5)
     await start_worker(app())
-    # The checkpoints hold n=1 and ["n0"] (each activation's first change); the new owner applies the
-    # deltas logged after them.
+    # Neither has a checkpoint yet: the new owner applies the deltas of their logs from the start.
+    assert await _revision(runtime, counter) == 0
     assert await _send(runtime, counter, "x") == "6"
     assert await _send(runtime, notes, "n5") == "n0,n1,n2,n3,n4,n5"
 
@@ -243,3 +240,45 @@ async def test_no_delta_is_written_while_an_older_worker_hosts_the_type(
         r.entry for r in await runtime.event_log(counter).read() if isinstance(r.entry, MessageCommitted)
     ]
     assert markers == []
+
+
+PAUSED = asyncio.Event()
+RESUME = asyncio.Event()
+
+
+class Saver(Agent):
+    """On "save": counts, waits for the test, then asks for a checkpoint. On "peek": the count."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        if "".join(getattr(b, "text", "") for b in blocks) == "save":
+            self.state["saved"] = self.state.get("saved", 0) + 1
+            PAUSED.set()
+            await RESUME.wait()
+            await ctx.checkpoint()
+        return [TextBlock(text=str(self.state.get("saved", 0)))]
+
+
+async def test_a_checkpoint_a_handler_asks_for_is_fenced_like_a_commit(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """`ctx.checkpoint()` logs a fenced `CheckpointTaken` first. Here the agent's log moves on under a running
+    handler (as a new owner's commits would move it under a zombie): its checkpoint must not be written, or
+    it would replace the base of the state with a change that is never committed. The message then runs
+    again (redelivered) and is counted once. Without the fence the stale checkpoint lands (its CAS
+    succeeds: commits write no checkpoint as a rule) and the change is counted twice."""
+    PAUSED.clear()
+    RESUME.clear()
+    app = App()
+    app.register("c-saver", lambda _id: Saver())
+    await start_worker(app)
+    saver = AgentId("c-saver", "k")
+    reply = asyncio.create_task(_send(runtime, saver, "save"))
+    await asyncio.wait_for(PAUSED.wait(), 10)
+    log = runtime.event_log(saver)
+    intruder = RunMessageReceived(run_id="run_x", agent_id=str(saver), message_id="elsewhere")
+    await log.append([intruder], await log.last_seq())
+    RESUME.set()
+    assert await reply == "1"  # the second run, after the first was fenced
+    assert await _send(runtime, saver, "peek") == "1"
+    taken = [r.entry for r in await log.read() if isinstance(r.entry, CheckpointTaken)]
+    assert len(taken) == 1  # the second run's

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from plexus.runtime._context import Context
     from plexus.runtime.client._client import Runtime
 
-__all__ = ["Committer", "MessageCommitted"]
+__all__ = ["CheckpointTaken", "Committer", "MessageCommitted"]
 
 log = logging.getLogger("plexus.worker")
 
@@ -66,6 +66,18 @@ class MessageCommitted(KernelMessage):
             if data.get(name) is None:
                 data.pop(name, None)
         return data
+
+
+@register_message_type
+class CheckpointTaken(KernelMessage):
+    """Logged (fenced) before a checkpoint the handler asks for (`ctx.checkpoint()`): a zombie — a handler
+    that outlived its worker's lease — fails this append instead of replacing, by its checkpoint's CAS, the
+    state the owner's logged deltas apply to."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    type: Literal["plexus.checkpoint"] = "plexus.checkpoint"
+    message_id: str
 
 
 class Committer:

@@ -86,10 +86,6 @@ class Activation:
     unsaved: int = 0
     #: The progress sequence as of the last commit (a one-write commit logs it when it moved).
     saved_progress_seq: int = 0
-    #: This activation has written the checkpoint (its revision moved): until it has, a state change is
-    #: checkpointed, so a zombie's later checkpoint write (`ctx.checkpoint()` in a handler that outlived its
-    #: lease) fails its compare-and-swap instead of overwriting the state the deltas apply to.
-    claimed: bool = False
 
     @property
     def saved_state(self) -> bytes:
@@ -108,19 +104,19 @@ class Activation:
         """(write the checkpoint?, the state delta to log otherwise) for committing `message_id`.
 
         The checkpoint is written when the log holds the message already (a dead worker's append), every
-        `CHECKPOINT_EVERY` messages, for this activation's first state change (`claimed`), when the state
-        changed in a way no delta says briefly (`DELTA_MAX_BYTES`, or a key that is not a string), and when
-        the state would no longer fit in a checkpoint (`checkpoint_limit` bytes: that save then fails as
-        it always did, instead of a later one wedging the agent). A state that does not change needs none,
-        not even a new agent's: an activation reads its (at most 15) logged commits back. Without `deltas`
-        (an older worker hosts the type too) a state or progress change is checkpointed as before."""
+        `CHECKPOINT_EVERY` messages, when the state changed in a way no delta says briefly (`DELTA_MAX_BYTES`,
+        or a key that is not a string), and when the state would no longer fit in a checkpoint
+        (`checkpoint_limit` bytes: that save then fails as it always did, instead of a later one wedging the
+        agent). Otherwise none is, not even for a new agent: an activation reads its (at most 15) logged
+        commits back. Without `deltas` (an older worker hosts the type too) a state or progress change is
+        checkpointed as before."""
         if message_id in self.logged or self.unsaved + 1 >= CHECKPOINT_EVERY:
             return True, None
         if not deltas:
             return state != self.saved or self.progress_seq != self.saved_progress_seq, None
         if state == self.saved:
             return False, None
-        if not self.claimed or not isinstance(state, dict) or not isinstance(self.saved, dict):
+        if not isinstance(state, dict) or not isinstance(self.saved, dict):
             return True, None
         if self._checkpoint_size(state) > checkpoint_limit:
             return True, None
@@ -305,7 +301,6 @@ class ActivationTable:
             self._key_of(activation.agent_id), doc, expected_revision=activation.revision
         )
         activation.saved = state
-        activation.claimed = True
         activation.saved_progress_seq = activation.progress_seq
         activation.unsaved = 0
 

@@ -41,6 +41,7 @@ from plexus.runtime.interceptors._interceptors import (
 )
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import check_payload_size
+from plexus.runtime.store._commit import CheckpointTaken
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.wire._orchestration import FinishedReport
 
@@ -264,7 +265,16 @@ class WorkerBackend:
         activation.agent.load_state(msgspec.json.decode(activation.saved_state))
 
     async def checkpoint_from(self, ctx: Context) -> None:
-        await self.activations.save(self._activation(ctx))
+        activation = self._activation(ctx)
+        if activation.agent_type.durable:
+            # Fenced like a commit: a zombie fails this append before its checkpoint could replace the base
+            # of the deltas the owner has logged since (commits write no checkpoint as a rule).
+            taken = CheckpointTaken(message_id=ctx.message_id)
+            async with activation.log_lock:
+                activation.log_seq = await self.rt.event_log(ctx.agent_id).append(
+                    [taken], expected_seq=activation.log_seq
+                )
+        await self.activations.save(activation)
 
     def event_log_for(self, agent_id: AgentId) -> EventLog[Any]:
         return self.rt.event_log(agent_id)
