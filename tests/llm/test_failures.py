@@ -128,3 +128,23 @@ async def test_a_tool_runs_only_after_its_turn_is_stored(runtime: Runtime, start
         await runtime.send_message([TextBlock(text="go")], AgentId("t", "big"), timeout=20)
     assert ran == []
     assert len(model.requests) == 1  # and no further model call
+
+
+async def test_a_turn_that_cannot_be_stored_leaves_the_transcript_as_it_was(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    """The final turn's journal append fails (its item is over max_payload): the handling fails, and the
+    agent's transcript does not take that message's turns (the loop stores every step before the state
+    takes the transcript). The next message sees the conversation as it was before."""
+    big = " ".join("z" * 300_000 for _ in range(4))
+    model = ScriptedModel([ScriptedTurn(text=big), ScriptedTurn(text="fine")])
+    app = App()
+    app.register("t", lambda _id: LLMAgent(model))
+    await start_worker(app)
+    agent = AgentId("t", "kept")
+    with pytest.raises(PayloadTooLargeError):
+        await runtime.send_message([TextBlock(text="first")], agent, timeout=20)
+    reply = await runtime.send_message([TextBlock(text="second")], agent, timeout=20)
+    assert [getattr(b, "text", None) for b in reply] == ["fine"]
+    seen = [getattr(b, "text", None) for item in model.requests[1].items for b in item.blocks]
+    assert seen == ["second"]

@@ -99,6 +99,9 @@ class LLMAgent(Agent):
         self._journal_end: int | None = None
         self._message_usage = Usage()  # the current message's model usage (progress metadata)
         self._journal: Journal | None = None  # the current message's journal
+        #: A journal write a failed handling left in flight: the next handling waits for it to end first,
+        #: or its journal read could miss it (and its first append conflict with it).
+        self._abandoned: asyncio.Future[int] | None = None
         self._consumed = False  # the last model step reported its usage (and so checked the tree)
 
     # -- the loop -------------------------------------------------------------------------------------
@@ -109,7 +112,7 @@ class LLMAgent(Agent):
             # A failed handling may have journaled steps: the next one must read the journal back.
             self._journal_end = None
             if self._journal is not None:
-                self._journal.abandon()
+                self._abandoned = self._journal.abandon()
             raise
         finally:
             self._journal = None
@@ -118,6 +121,9 @@ class LLMAgent(Agent):
         self._message_usage = Usage()
         journal = None
         if self.journal_enabled:
+            abandoned, self._abandoned = self._abandoned, None
+            if abandoned is not None:
+                await asyncio.wait({abandoned})  # its outcome does not matter, only that it is over
             journal = self._journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
             self._journal_end = None
         history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
@@ -141,6 +147,8 @@ class LLMAgent(Agent):
             self._decisions = dict(pending["decisions"])
             try:
                 resumed = await self._tool_step(ctx, calls_made, journal, step)
+                if journal is not None:
+                    await journal.settle()  # stored before the state forgets the pending calls
             finally:
                 self._decisions = {}
             del self.state[PENDING_KEY]
@@ -194,9 +202,11 @@ class LLMAgent(Agent):
                 log.warning("unknown finish reason %r treated as completed", turn.finish_reason.raw)
             finish = kind.value
             break
+        # Every step stored before the state takes the transcript: a failed append leaves the state as it was.
+        end = await journal.settle() if journal is not None else None
         self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
-        if journal is not None:
-            self.state[JOURNAL_SEQ_KEY] = self._journal_end = await journal.settle()
+        if end is not None:
+            self.state[JOURNAL_SEQ_KEY] = self._journal_end = end
         await ctx.emit_progress(
             AgentStep.DONE, metadata={"finish": finish, "steps": step, "usage": self._usage_meta()}
         )
@@ -226,10 +236,11 @@ class LLMAgent(Agent):
         """Park the loop before the tool step: the state (checkpointed by the runtime) holds it all."""
         calls = self._needs_approval(turn.tool_calls)
         pending: dict[str, Any] = {"calls": calls, "decisions": {}}
+        end = await journal.settle() if journal is not None else None  # stored before the state parks
         self.state[PENDING_KEY] = pending
         self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
-        if journal is not None:
-            self.state[JOURNAL_SEQ_KEY] = self._journal_end = await journal.settle()
+        if end is not None:
+            self.state[JOURNAL_SEQ_KEY] = self._journal_end = end
         waiting = [c for c in turn.tool_calls if c.call_id in calls]
         await ctx.emit_progress(
             AgentStep.PAUSED,

@@ -106,12 +106,14 @@ class Journal:
             self.seq = await pending
         return self.seq
 
-    def abandon(self) -> None:
+    def abandon(self) -> asyncio.Future[int] | None:
         """The handling failed: a step still in flight lands or fails on its own (a retry reads the journal
-        back either way); its outcome is collected so a failure is not reported as never retrieved."""
+        back either way, once it is over: returned, for the next handling to wait for); its outcome is
+        collected so a failure is not reported as never retrieved."""
         pending, self._pending = self._pending, None
         if pending is not None:
             pending.add_done_callback(_collect)
+        return pending
 
 
 def _collect(future: asyncio.Future[int]) -> None:

@@ -160,7 +160,8 @@ class RunStore:
     ) -> Changed[S]:
         for attempt in range(self.attempts):
             if known is not None:
-                found: tuple[S, int] | None = (msgspec.structs.replace(known[0]), known[1])
+                # A deep copy: `mutate` works in place (lists included) and must not touch the caller's.
+                found: tuple[S, int] | None = (decoder.decode(_ENCODER.encode(known[0])), known[1])
                 known = None
             else:
                 found = await self._get(key, decoder)

@@ -198,6 +198,19 @@ def _cancelled(reason: str) -> KernelError:
     return CancellationError(reason)
 
 
+def _counter_value(read: Any) -> int | None:
+    """A budget counter's total from its last message, None when there is none to enforce (the counter was
+    never incremented, or its read failed: the increments that move it enforce it anyway)."""
+    if isinstance(read, BaseException):
+        if not isinstance(read, Exception):
+            raise read  # a cancellation, say: not a counter that was never incremented
+        return None
+    try:
+        return int(json.loads(read.data or b"{}")["val"])
+    except (ValueError, KeyError, TypeError):
+        return None
+
+
 class ClusterSupervisor:
     """Cluster-wide budgets (JetStream counters) and spawn slots (orchestrator) for orchestrated runs;
     runs not started through the orchestrator fall back to the process-local supervisor."""
@@ -223,20 +236,32 @@ class ClusterSupervisor:
             "cost_micros": round((usage.cost.amount if usage.cost else 0.0) * COST_SCALE),
             "turns": turns,
         }
-        # One round trip for all dimensions: the increments are independent (each is atomic on its own).
+        # One round trip for all dimensions: the increments are independent (each is atomic on its own), and
+        # the budgeted dimensions this call does not move are read alongside, so a consume checks the whole
+        # budget as `check` does (a caller may skip its next check on the strength of it).
         moved = [(dimension, delta) for dimension, delta in deltas.items() if delta]
-        replies = await asyncio.gather(
+        limits = run.budget or {}
+        unmoved = [d for d, limit in _DIMENSIONS if limits.get(limit) is not None and not deltas[d]]
+        stream = self.rt.topology.names.counters_stream
+        results: list[Any] = await asyncio.gather(
             *(
                 self.rt.nc.request(
                     self._counter(run, dimension), b"", headers={"Nats-Incr": str(delta)}, timeout=5
                 )
                 for dimension, delta in moved
-            )
+            ),
+            *(self.rt.js.get_last_msg(stream, self._counter(run, d)) for d in unmoved),
+            return_exceptions=True,
         )
-        totals = {
-            dimension: int(json.loads(reply.data)["val"])
-            for (dimension, _), reply in zip(moved, replies, strict=True)
-        }
+        totals: dict[str, int] = {}
+        for (dimension, _), reply in zip(moved, results, strict=False):
+            if isinstance(reply, BaseException):
+                raise reply  # an increment that failed: the usage is not counted
+            totals[dimension] = int(json.loads(reply.data)["val"])
+        for dimension, read in zip(unmoved, results[len(moved) :], strict=True):
+            total = _counter_value(read)
+            if total is not None:
+                totals[dimension] = total
         self._enforce(run, totals)
         await self.control.wait_if_paused(run.run_id)
 
@@ -253,14 +278,9 @@ class ClusterSupervisor:
         )
         totals: dict[str, int] = {}
         for dimension, msg in zip(names, found, strict=True):
-            if isinstance(msg, BaseException):
-                if not isinstance(msg, Exception):
-                    raise msg  # a cancellation, say: not a counter that was never incremented
-                continue  # never incremented
-            try:
-                totals[dimension] = int(json.loads(msg.data or b"{}")["val"])
-            except (ValueError, KeyError, TypeError):
-                continue  # not a counter's value: nothing to enforce
+            total = _counter_value(msg)
+            if total is not None:
+                totals[dimension] = total
         self._enforce(run, totals)
         await self.control.wait_if_paused(run.run_id)
 
