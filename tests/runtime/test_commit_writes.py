@@ -10,9 +10,10 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
+import pytest
 from nats.js.errors import KeyNotFoundError
 
-from plexus.core import AgentId, BaseBlock, MessageId, RunMessageReceived, TextBlock
+from plexus.core import AgentId, BaseBlock, HandlerError, MessageId, RunMessageReceived, TextBlock
 from plexus.runtime import Agent, App, Context, MessageCommitted, PayloadTooLargeError, Runtime
 from plexus.runtime.store._commit import CheckpointTaken
 from plexus.runtime.store._registry import WorkerInfo
@@ -282,3 +283,32 @@ async def test_a_checkpoint_a_handler_asks_for_is_fenced_like_a_commit(
     assert await _send(runtime, saver, "peek") == "1"
     taken = [r.entry for r in await log.read() if isinstance(r.entry, CheckpointTaken)]
     assert len(taken) == 1  # the second run's
+
+
+class Fragile(Agent):
+    """Counts messages; "boom" counts too, then fails."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        self.state["n"] = self.state.get("n", 0) + 1
+        if "".join(getattr(b, "text", "") for b in blocks) == "boom":
+            raise RuntimeError("boom")
+        return [TextBlock(text=str(self.state["n"]))]
+
+
+async def test_a_failed_handling_commits_its_error_not_its_state(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """What Dapr actors and Temporal workflows do: a handler that raises leaves no half-applied state (the
+    agent goes back to its last commit), and its error is committed so a duplicate is answered with it."""
+    app = App()
+    app.register("c-fragile", lambda _id: Fragile())
+    await start_worker(app)
+    agent = AgentId("c-fragile", "k")
+    assert await _send(runtime, agent, "a") == "1"
+    failed = str(MessageId.new())
+    with pytest.raises(HandlerError):
+        await _send(runtime, agent, "boom", failed)
+    assert await _send(runtime, agent, "b") == "2"  # "boom" counted nothing
+    with pytest.raises(HandlerError):  # a duplicate gets the committed error; the handler does not run
+        await _send(runtime, agent, "boom", failed)
+    assert await _send(runtime, agent, "c") == "3"

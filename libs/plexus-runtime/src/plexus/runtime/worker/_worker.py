@@ -459,6 +459,11 @@ class Worker(Upkeep):
             self._backend.unbind(ctx)
         if work.lease_lost:
             raise _LeaseLost()
+        if not reply.ok and work.durable:
+            # A failed handling leaves no half-applied state: the agent goes back to its last commit (as a
+            # Dapr actor's or a Temporal workflow's would); its error reply is still committed, so a
+            # redelivery is answered instead of run again.
+            activation.agent.load_state(msgspec.json.decode(activation.saved_state))
         # A run's entry message keeps its reply even without a caller: a redelivery re-sends the run's end.
         encoded = encode_reply(reply) if work.reply_to or _is_run_entry(env) else None
         if encoded is not None and len(encoded) > self.rt.nc.max_payload:
