@@ -243,15 +243,19 @@ class ActivationTable:
             return found
         agent = await agent_type.create(agent_id)
         # A stateless (durable=False) type has no checkpoint and commits no EventLog entries: touch no KV.
-        stored = await self._checkpoints.load(self._key_of(agent_id)) if agent_type.durable else None
+        stored, last = None, 0
+        if agent_type.durable:
+            load = self._checkpoints.load(self._key_of(agent_id))
+            if self._last_log_seq is not None:
+                # Both at once (one round trip): whichever order a late write of a dying owner falls in,
+                # the larger sequence wins below and the entries after the checkpoint are read back.
+                stored, last = await asyncio.gather(load, self._last_log_seq(agent_id))
+            else:
+                stored = await load
         doc = CheckpointDoc() if stored is None else _decode(stored.state)
-        log_seq = doc.log_seq
-        if self._last_log_seq is not None and agent_type.durable:
-            # A worker that died between its EventLog append and its checkpoint save left the log ahead of
-            # the checkpoint; expecting the checkpoint's sequence would fence every later commit and wedge
-            # the agent for good. The new owner continues from the log's end instead (the unsaved message
-            # is redelivered and logged again: at least once); the checkpoint's CAS still fences zombies.
-            log_seq = max(log_seq, await self._last_log_seq(agent_id))
+        # The log may be ahead of the checkpoint (commits write none as a rule; a worker may have died between
+        # its append and its checkpoint): the activation continues from the log's end, fenced there.
+        log_seq = max(doc.log_seq, last)
         since = LoggedSince(set(), [])
         if log_seq > doc.log_seq and self._logged_since is not None:
             # Messages committed by their append alone join the handled-message memory; those a dead worker
