@@ -202,6 +202,10 @@ class PartitionOwner:
         self.fresh_until: dict[int, float] = {}
         #: Partitions whose last renewal got no answer (it may have been applied): see `_renew`.
         self._unsure: set[int] = set()
+        #: Serialises the lease writes of `renew_held` (its own timer) and of handovers (`rebalance`): a
+        #: handover releasing with the revision it held while a renewal of that lease was in flight failed
+        #: the compare-and-swap and left the lease to block the next owner until it expired.
+        self._lease_writes = asyncio.Lock()
         self.draining = False
 
     def _lease_key(self, p: int) -> str:
@@ -246,18 +250,25 @@ class PartitionOwner:
         lease may have run out, and the next call asks again. Only a lease the store says is gone is
         dropped. (Renewed one by one inside the rebalance round, every lease ran out together after a
         node loss.)"""
+        async with self._lease_writes:
+            await self._renew_held()
+
+    async def _renew_held(self) -> None:
         held = list(self.owned.items())
         results = await asyncio.gather(
             *(self._renew(p, lease) for p, (lease, _) in held), return_exceptions=True
         )
         unanswered = 0
-        for (p, (_, puller)), result in zip(held, results, strict=True):
+        for (p, (lease, puller)), result in zip(held, results, strict=True):
             if isinstance(result, BaseException):
                 if not isinstance(result, Exception):
                     raise result
                 unanswered += 1
             elif self.owned.get(p, (None, None))[1] is not puller:
-                continue  # dropped or re-taken meanwhile by `rebalance`
+                # Dropped or re-taken meanwhile by `rebalance`; a handover keeps the renewed revision.
+                if result is not None and self.handing_over.get(p) is lease:
+                    self.handing_over[p] = result
+                continue
             elif result is None:
                 log.warning("lost lease on %s partition %d", self.agent_type, p)
                 await self._drop(p, release=False)
@@ -273,6 +284,10 @@ class PartitionOwner:
         self.inflight[p] -= 1
 
     async def _finish_handovers(self) -> None:
+        async with self._lease_writes:
+            await self._finish_handovers_locked()
+
+    async def _finish_handovers_locked(self) -> None:
         for p, lease in list(self.handing_over.items()):
             if self.inflight.get(p, 0) > 0:
                 renewed = await self._renew(p, lease)
@@ -343,10 +358,12 @@ class PartitionOwner:
             return
         INSTRUMENTS.partitions_owned.add(-1, {"agent_type": self.agent_type, "worker": self.worker_id})
         lease, puller = entry
+        if release:
+            # Keep the lease until the work already fetched from this partition is acked. Handed over from
+            # this instant, so a renewal in flight (`renew_held`) updates this entry's revision.
+            self.handing_over[p] = lease
         await puller.stop()
         if release:
-            # Keep the lease until the work already fetched from this partition is acked.
-            self.handing_over[p] = lease
             await self._finish_handovers()
 
     async def release_all(self) -> None:
@@ -354,10 +371,11 @@ class PartitionOwner:
         self.draining = True
         for p in list(self.owned):
             await self._drop(p, release=True)
-        for p, lease in list(self.handing_over.items()):
-            del self.handing_over[p]
-            with contextlib.suppress(Exception):
-                await self.leases.release(lease)
+        async with self._lease_writes:
+            for p, lease in list(self.handing_over.items()):
+                del self.handing_over[p]
+                with contextlib.suppress(Exception):
+                    await self.leases.release(lease)
 
     async def stop_pulling(self) -> None:
         """Stop fetching new work but keep the leases (graceful shutdown finishes in-flight work first)."""
