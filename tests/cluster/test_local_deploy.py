@@ -133,7 +133,12 @@ async def test_cluster_up_runs_a_tree_across_hosts_and_cluster_down_leaves_nothi
         deadline = time.monotonic() + 30
         while owned() != 16 and time.monotonic() < deadline:  # noqa: ASYNC110 - other processes
             await asyncio.sleep(0.5)
-        assert owned() == 16
+        if owned() != 16:  # say why: which worker holds what, and what their logs said last
+            logs = {
+                name: (tmp_path / "state" / f"{name}.log").read_text(errors="replace")[-3000:]
+                for name in ("worker-w1", "worker-w2")
+            }
+            pytest.fail(f"{owned()} of 16 planner partitions owned after 30 s; worker logs: {logs}")
         scraped = {name: _text(url) for name, url in metrics.items()}
         assert "plexus_orchestrator_decisions" in scraped["orchestrator-o1"] + scraped["orchestrator-o2"]
         assert (tmp_path / "state" / "worker-w1.log").exists()
