@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from pydantic import BaseModel, ConfigDict, TypeAdapter, ValidationError
 
+from plexus.core import content_blocks_from_json, content_blocks_to_json
 from plexus.core._content import (
     AudioBlock,
     BaseBlock,
@@ -35,8 +36,6 @@ from plexus.core._content import (
     VideoBlock,
     content_block_from_dict,
     content_block_to_dict,
-    content_blocks_from_json,
-    content_blocks_to_json,
     model_facing,
     register_block_type,
     registered_block_types,

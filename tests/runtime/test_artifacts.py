@@ -12,6 +12,7 @@ import pytest
 from nats.aio.client import Client as NATS
 from nats.js.object_store import ObjectStore
 
+from plexus.core import content_blocks_from_json, content_blocks_to_json
 from plexus.core._content import (
     AudioBlock,
     BaseBlock,
@@ -21,8 +22,6 @@ from plexus.core._content import (
     TextBlock,
     ToolResultBlock,
     VideoBlock,
-    content_blocks_from_json,
-    content_blocks_to_json,
 )
 from plexus.core._errors import KernelError
 from plexus.runtime.ops._server import NatsServer

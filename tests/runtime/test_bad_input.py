@@ -30,8 +30,8 @@ from plexus.core import (
     RunMessageReceived,
     TextBlock,
     UnknownBlock,
+    content_blocks_to_json,
 )
-from plexus.core._content import content_blocks_to_json
 from plexus.runtime import Interceptor, NatsServer, PayloadTooLargeError, Runtime, SendInput
 from plexus.runtime.store._artifacts import is_artifact_id
 from plexus.runtime.wire._envelope import Envelope, RunInfo, decode_reply, encode_envelope

@@ -4,6 +4,7 @@ transcript, cancellation, supervision). Everything public is re-exported here; t
 
 from __future__ import annotations
 
+from ._blocks_json import content_blocks_from_json, content_blocks_to_json
 from ._cancel import (
     CallbackRegistration,
     CancellationController,
@@ -35,8 +36,6 @@ from ._content import (
     VideoBlock,
     content_block_from_dict,
     content_block_to_dict,
-    content_blocks_from_json,
-    content_blocks_to_json,
     model_facing,
     register_block_type,
     registered_block_types,

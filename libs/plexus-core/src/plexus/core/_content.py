@@ -12,7 +12,7 @@ from __future__ import annotations
 import base64
 import binascii
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal, Self, TypeVar
 
 from pydantic import (
@@ -23,7 +23,6 @@ from pydantic import (
     PlainSerializer,
     PlainValidator,
     SerializeAsAny,
-    TypeAdapter,
     ValidationInfo,
     field_serializer,
     field_validator,
@@ -58,8 +57,6 @@ __all__ = [
     "VideoBlock",
     "content_block_from_dict",
     "content_block_to_dict",
-    "content_blocks_from_json",
-    "content_blocks_to_json",
     "model_facing",
     "register_block_type",
     "registered_block_types",
@@ -485,20 +482,3 @@ class UIResourceBlock(BaseBlock):
     type: Literal["ui_resource"] = "ui_resource"
     uri: str
     render_mode: str
-
-
-# --------------------------------------------------------------------------------------------------------
-# JSON helpers (hot path for the runtime)
-
-# Built once: dispatch goes through the registry at validation time, so later registrations need no rebuild.
-_BLOCK_LIST_ADAPTER: TypeAdapter[list[ContentBlock]] = TypeAdapter(list[ContentBlock])
-
-
-def content_blocks_to_json(blocks: Sequence[BaseBlock]) -> bytes:
-    """Serialize blocks to a compact JSON array (bytes as base64)."""
-    return _BLOCK_LIST_ADAPTER.dump_json(list(blocks))
-
-
-def content_blocks_from_json(data: bytes | str) -> list[BaseBlock]:
-    """Parse a JSON array of blocks; raises pydantic's ValidationError on malformed input."""
-    return _BLOCK_LIST_ADAPTER.validate_json(data)
