@@ -16,18 +16,17 @@ import msgspec
 
 from plexus.core import (
     AgentId,
-    AgentProgress,
     AgentStep,
     BaseBlock,
     CancellationError,
     KernelError,
     MessageId,
-    ReasoningDelta,
     RunChildCompleted,
     RunChildSpawned,
-    TextDelta,
     TopicId,
     Usage,
+    delta_event_json,
+    progress_event_json,
 )
 from plexus.runtime._context import Context
 from plexus.runtime.client._supervisor import LocalSupervisor, Supervisor, child_run_id, new_root_run
@@ -152,24 +151,23 @@ class WorkerBackend:
         activation = self._activation(ctx)
         activation.progress_seq += 1
         run = self._run(ctx)
-        event = AgentProgress(
+        subject = self.rt.subjects_for(ctx.agent_id.namespace).progress(
+            run.root_id, ctx.agent_id.type, ctx.agent_id.key
+        )
+        # One JetStream publish both captures the event for replay and delivers it to live subscribers. Its
+        # ack is awaited once for all the handler's events (`progress_stored`), not here.
+        data = progress_event_json(
             agent_id=str(ctx.agent_id),
             step=step,
-            content=list(content),
+            content=content,
             run_id=run.run_id,
             root_id=run.root_id,
             parent_id=run.parent_id,
             depth=run.depth,
             seq=activation.progress_seq,
             ts=time.time(),
-            metadata=dict(metadata),
+            metadata=metadata,
         )
-        subject = self.rt.subjects_for(ctx.agent_id.namespace).progress(
-            run.root_id, ctx.agent_id.type, ctx.agent_id.key
-        )
-        # One JetStream publish both captures the event for replay and delivers it to live subscribers. Its
-        # ack is awaited once for all the handler's events (`progress_stored`), not here.
-        data = event.model_dump_json().encode()
         check_payload_size(len(data), self.rt.nc.max_payload)
         # Sent now, in order with the handler's other messages (its stream deltas, sends): only the ack waits.
         ack = await self._acks.publish(subject, data)
@@ -181,9 +179,8 @@ class WorkerBackend:
             await asyncio.sleep(0)
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
-        event = ReasoningDelta(text=text) if reasoning else TextDelta(text=text)
         subject = self.rt.subjects_for(ctx.agent_id.namespace).stream(ctx.agent_id.type, ctx.agent_id.key)
-        await self.rt.nc.publish(subject, event.model_dump_json().encode())
+        await self.rt.nc.publish(subject, delta_event_json(text, reasoning=reasoning))
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
         await self._usage(UsageInput(ctx=ctx, usage=usage, turns=turns))
