@@ -17,8 +17,6 @@ from typing import Any, Literal
 import msgspec
 import nats
 from nats.aio.client import Client as NATS
-from nats.aio.msg import Msg
-from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js import api as js_api
@@ -58,7 +56,6 @@ from plexus.runtime.wire._envelope import (
     Reply,
     RunInfo,
     blocks_from_payload,
-    decode_reply,
     encode_envelope,
     make_headers,
     payload_from_blocks,
@@ -69,6 +66,7 @@ from plexus.runtime.wire._subjects import Subjects, checkpoint_key, escape_token
 from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._connection import Connection
+from ._replies import NoRespondersError, ReplyInbox
 from ._supervisor import new_root_run
 
 __all__ = ["Runtime"]
@@ -99,9 +97,8 @@ class Runtime(RunsClient):
         self._registry_cache = RegistryCache(self.registry)
         self.subscriptions = SubscriptionTable(topology.subscriptions)
         self.artifacts = ArtifactStore(topology.artifacts)
-        self._inbox_prefix = nc.new_inbox()
-        self._pending: dict[str, asyncio.Future[Reply]] = {}
-        self._reply_sub: Any = None
+        self._replies = ReplyInbox(nc)
+        self._routes: dict[tuple[str, str, str, bool], str] = {}
         self._server: NatsServer | None = None
         # Set when the NATS connection is closed for good (by `close()` or by nats-py after a fatal
         # protocol error). A worker or service that finds it set must exit, never linger unregistered.
@@ -201,14 +198,12 @@ class Runtime(RunsClient):
         return rt
 
     async def _start(self) -> None:
-        self._reply_sub = await self.nc.subscribe(f"{self._inbox_prefix}.*", cb=self._on_reply)
+        await self._replies.start()
         await self._registry_cache.start()
         await self.subscriptions.start()
 
     async def close(self) -> None:
-        for fut in self._pending.values():
-            if not fut.done():
-                fut.cancel()
+        self._replies.cancel_all()
         with contextlib.suppress(Exception):
             await self.subscriptions.stop()
         with contextlib.suppress(Exception):
@@ -306,16 +301,9 @@ class Runtime(RunsClient):
     async def _send_terminal(self, inp: SendInput) -> list[BaseBlock]:
         deadline = time.monotonic() + inp.timeout_s
         info = await self._host_for(inp.recipient, deadline)
-        subjects = self.subjects_for(inp.recipient.namespace)
         # Built before the envelope, whose offloading writes artifacts: a SubjectTooLongError (an odd key)
         # must leave nothing behind.
-        subject = (
-            subjects.inbox(inp.recipient.type, inp.recipient.key)
-            if info.durable
-            else subjects.ephemeral(inp.recipient.type, inp.recipient.key)
-        )
-        # The worker keeps the agent's checkpoint under a KV key that may be longer than the subject.
-        checkpoint_key(inp.recipient.namespace, inp.recipient.type, inp.recipient.key)
+        subject = self._inbox_of(inp.recipient, info.durable)
         env = self._envelope(
             await self._payload(inp.blocks),
             inp.recipient,
@@ -326,44 +314,57 @@ class Runtime(RunsClient):
             inp.timeout_s,
         )
         headers = make_headers(env, inp.headers)
-        remaining = max(deadline - time.monotonic(), 0.001)
         if not info.durable:
             data = encode_envelope(env)
             # Headers count too: a message over max_payload makes the server close the connection.
             check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
+            reply_to, future = self._replies.expect(env.id)
             try:
-                msg = await self.nc.request(
-                    subject,
-                    data,
-                    timeout=remaining,
-                    headers=headers,
-                )
+                # A core request, multiplexed on the client's own inbox (`ReplyInbox`).
+                await self.nc.publish(subject, data, reply=reply_to, headers=headers)
+                reply = await self._replies.wait(future, max(deadline - time.monotonic(), 0.001))
             except NoRespondersError:
                 raise AgentNotFoundError(inp.recipient) from None
-            except (TimeoutError, NatsTimeoutError):
+            except TimeoutError:
                 raise ReplyTimeoutError(str(inp.recipient), env.id, inp.timeout_s) from None
-            return self._unwrap(decode_reply(msg.data))
-        # Message ids may hold '.', '*', '>': the reply subject gets the escaped id as ONE token.
-        reply_to = f"{self._inbox_prefix}.{escape_token(env.id)}"
+            finally:
+                self._replies.forget(env.id)
+            return self._unwrap(reply)
+        reply_to, future = self._replies.expect(env.id)
         env = msgspec.structs.replace(env, reply_to=reply_to)
         data = encode_envelope(env)
-        check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
-        future: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
-        self._pending[env.id] = future
         try:
+            check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
             ack = await self._publish_durable(subject, data, headers, deadline, inp, env.id)
             if ack.duplicate:
                 # The same message id inside the dedupe window: the server dropped this copy, so nobody would
                 # answer it. Ask the agent for the stored reply instead (the handler never runs twice).
                 await self._resend(subject, env, headers, max(deadline - time.monotonic(), 0.001))
-            remaining = max(deadline - time.monotonic(), 0.001)
             try:
-                reply = await asyncio.wait_for(future, remaining)
+                reply = await self._replies.wait(future, max(deadline - time.monotonic(), 0.001))
             except TimeoutError:
                 raise ReplyTimeoutError(str(inp.recipient), env.id, inp.timeout_s) from None
         finally:
-            self._pending.pop(env.id, None)
+            self._replies.forget(env.id)
         return self._unwrap(reply)
+
+    def _inbox_of(self, recipient: AgentId, durable: bool) -> str:
+        """The subject a message to `recipient` goes to (remembered: most sends go to known agents)."""
+        route = (recipient.namespace, recipient.type, recipient.key, durable)
+        subject = self._routes.get(route)
+        if subject is None:
+            subjects = self.subjects_for(recipient.namespace)
+            subject = (
+                subjects.inbox(recipient.type, recipient.key)
+                if durable
+                else subjects.ephemeral(recipient.type, recipient.key)
+            )
+            # The worker keeps the agent's checkpoint under a KV key that may be longer than the subject.
+            checkpoint_key(recipient.namespace, recipient.type, recipient.key)
+            if len(self._routes) >= _ROUTES_KEPT:
+                self._routes.clear()
+            self._routes[route] = subject
+        return subject
 
     async def _publish_durable(
         self, subject: str, data: bytes, headers: dict[str, str], deadline: float, inp: SendInput, msg_id: str
@@ -399,15 +400,6 @@ class Runtime(RunsClient):
                 reply.error or {"error_type": "KernelError", "message": "no error detail"}
             )
         return blocks_from_payload(reply.payload) if reply.payload is not None else []
-
-    async def _on_reply(self, msg: Msg) -> None:
-        try:
-            reply = decode_reply(msg.data)
-        except Exception:
-            return  # not ours to interpret; the sender's deadline covers a lost reply
-        future = self._pending.get(reply.id) or self._pending.get(msg.subject.rsplit(".", 1)[-1])
-        if future is not None and not future.done():
-            future.set_result(reply)
 
     async def _payload(self, blocks: Sequence[BaseBlock]) -> msgspec.Raw:
         """The envelope payload of `blocks`: large blocks offloaded to the artifact store, then encoded."""
@@ -510,6 +502,9 @@ class Runtime(RunsClient):
 
 #: Time kept at the end of a host lookup for one direct read of the registry.
 _DIRECT_CHECK_S = 1.0
+
+#: Recipients whose inbox subject `Runtime._inbox_of` remembers (cleared when full).
+_ROUTES_KEPT = 4096
 
 #: A message id as `MessageId.new` mints it (the ULID alphabet of python-ulid's output).
 _MINTED_MESSAGE_ID = re.compile(r"msg_([0-7][0-9A-HJKMNP-TV-Z]{25})\Z")

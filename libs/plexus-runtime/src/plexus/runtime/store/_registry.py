@@ -197,6 +197,10 @@ def _decode_all(raw: Mapping[str, bytes], decode: Callable[[bytes], T]) -> list[
     return out
 
 
+#: Agent types whose live host `RegistryCache.has_live_host` remembers (cleared when full).
+_LIVE_UNTIL_KEPT = 4096
+
+
 def _live(workers: Iterable[WorkerInfo], ttl_s: float, ref: str | None) -> list[WorkerInfo]:
     now = time.time()
     found = [w for w in workers if w.is_live(ttl_s, now) and (ref is None or w.hosts(ref))]
@@ -330,6 +334,7 @@ class RegistryCache:
         self._owners: dict[str, dict[str, str]] = {}
         self._owners_at = (-1, 0.0)  # (registry version, monotonic time) the owners were computed at
         self._support: dict[tuple[str, str], tuple[bool, int, float]] = {}
+        self._live_until: dict[tuple[str, str], tuple[int, float]] = {}
 
     async def start(self) -> None:
         """Load both buckets and keep following them; returns once the current contents are in memory."""
@@ -406,7 +411,19 @@ class RegistryCache:
 
     def has_live_host(self, namespace: str, agent_type: str) -> bool:
         """Whether some live worker hosts ``namespace/type`` right now."""
-        return bool(self.live_workers(type_ref(namespace, agent_type)))
+        # Asked before every send. A host found live stays live until its heartbeat is a TTL old unless a
+        # bucket changes first, so the answer is kept until then instead of scanning every worker again.
+        key = (namespace, agent_type)
+        known = self._live_until.get(key)
+        if known is not None and known[0] == self._signal.version and time.time() <= known[1]:
+            return True
+        hosts = self.live_workers(type_ref(namespace, agent_type))
+        if not hosts:
+            return False
+        if len(self._live_until) >= _LIVE_UNTIL_KEPT:
+            self._live_until.clear()
+        self._live_until[key] = (self._signal.version, max(w.heartbeat_at for w in hosts) + self.ttl_s)
+        return True
 
     async def wait_for_host(self, namespace: str, agent_type: str, timeout: float) -> bool:
         """True as soon as a live worker hosts ``namespace/type``; False at the deadline."""

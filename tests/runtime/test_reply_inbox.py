@@ -1,0 +1,85 @@
+"""The client's reply inbox against a real nats-server, and a send that finds nobody listening."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import AsyncIterator
+
+import nats
+import pytest
+from nats.aio.client import Client
+
+from plexus.core import AgentId, AgentNotFoundError, TextBlock
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.client._replies import NoRespondersError, ReplyInbox
+from plexus.runtime.wire._envelope import Reply, encode_reply
+from tests.runtime.conftest import WorkerProcess
+from tests.security.seeds import identity_auth
+
+
+@pytest.fixture
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    conn = await nats.connect(nats_url)
+    try:
+        yield conn
+    finally:
+        await conn.close()
+
+
+async def test_a_reply_resolves_its_own_send_only(nc: Client) -> None:
+    inbox = ReplyInbox(nc)
+    await inbox.start()
+    first_to, first = inbox.expect("msg.with*odd>chars")  # escaped into one token
+    second_to, second = inbox.expect("m2")
+    assert first_to.count(".") == second_to.count(".")
+    await nc.publish(second_to, encode_reply(Reply(id="m2", ok=True)))
+    assert (await inbox.wait(second, 5)).id == "m2"
+    assert not first.done()
+    await nc.publish(first_to, b"not a reply")  # ignored: the send waits on for a real one
+    await nc.publish(first_to, encode_reply(Reply(id="msg.with*odd>chars", ok=False)))
+    assert (await inbox.wait(first, 5)).ok is False
+    inbox.forget("m2")
+    inbox.forget("msg.with*odd>chars")
+    assert inbox._pending == {}
+
+
+async def test_nobody_listening_fails_at_once_and_silence_times_out(nc: Client) -> None:
+    inbox = ReplyInbox(nc)
+    await inbox.start()
+    reply_to, future = inbox.expect("m1")
+    started = time.monotonic()
+    await nc.publish("nobody.listens.here", b"{}", reply=reply_to)
+    with pytest.raises(NoRespondersError):
+        await inbox.wait(future, 30)
+    assert time.monotonic() - started < 5  # the server's status, not the 30 s deadline
+    listener = await nc.subscribe("someone.listens")  # and never answers
+    reply_to, future = inbox.expect("m2")
+    await nc.publish("someone.listens", b"{}", reply=reply_to)
+    with pytest.raises(TimeoutError):
+        await inbox.wait(future, 0.2)
+    await listener.unsubscribe()
+
+
+async def test_a_send_to_a_host_that_died_fails_with_agent_not_found_before_its_deadline(
+    nats_server: NatsServer, worker_process: WorkerProcess
+) -> None:
+    # The registry still lists the killed worker (its heartbeat is young), so the message is published;
+    # nobody is subscribed any more, and the server's "no responders" answers it at once.
+    rt = await Runtime.connect(nats_server.url, auth=identity_auth(nats_server, "operator"))
+    try:
+        proc = worker_process("tests.runtime.apps_misc:app", "--heartbeat-ttl", "60")
+        await rt.get("echo-eph", lazy=False, timeout=30)
+        ping = [TextBlock(text="ping")]
+        assert await rt.send_message(ping, AgentId("echo-eph", "k"), timeout=30) == ping
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        await asyncio.sleep(0.5)  # the server notices the closed connection and drops its subscriptions
+        started = time.monotonic()
+        with pytest.raises(AgentNotFoundError):
+            await rt.send_message(ping, AgentId("echo-eph", "k"), timeout=30)
+        assert time.monotonic() - started < 10
+    finally:
+        await rt.close()
