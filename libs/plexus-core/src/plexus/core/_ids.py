@@ -55,6 +55,7 @@ class TypedId(str):
 
     __slots__ = ()
     prefix: ClassVar[str] = ""
+    _own_minted: ClassVar[re.Pattern[str]]
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -63,6 +64,7 @@ class TypedId(str):
         owner = _PREFIXES.setdefault(cls.prefix, cls)
         if owner is not cls:
             raise TypeError(f"prefix {cls.prefix!r} of {cls.__name__} is already used by {owner.__name__}")
+        cls._own_minted = re.compile(rf"{cls.prefix}_{_ULID_BODY}\Z")
 
     def __new__(cls, value: str) -> Self:
         if cls is TypedId:
@@ -73,6 +75,10 @@ class TypedId(str):
 
     @classmethod
     def _validate(cls, value: object) -> str:
+        # The common case first: an id of this kind as `new` mints it is valid as it stands (every id of a
+        # message is checked when a worker takes it in).
+        if type(value) is str and cls._own_minted.match(value) is not None:
+            return value
         name = cls.__name__
         if not isinstance(value, str):
             raise TypeError(f"{name} must be a string, got {type(value).__name__}")
