@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import nats
 import nats.js.errors
 import pytest
 
+from plexus.runtime.ops import _server
 from plexus.runtime.ops._server import NatsCluster, NatsServer, NatsServerError
 
 
@@ -79,3 +81,24 @@ async def test_three_node_cluster_replicates(nats_cluster: Callable[..., NatsClu
         assert len(info.cluster.replicas or []) == 2
     finally:
         await nc.close()
+
+
+def test_a_cluster_whose_route_port_was_taken_meanwhile_starts_on_fresh_ports(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Route ports are probed free and released before nats-server binds them; here another process holds
+    # the first one by the time the node starts (what a parallel test run did once), so that node exits.
+    with socket.socket() as blocker:
+        blocker.bind(("127.0.0.1", 0))
+        blocker.listen()
+        taken = int(blocker.getsockname()[1])
+        probe = _server._free_port
+        handed = iter([taken])
+        monkeypatch.setattr(_server, "_free_port", lambda: next(handed, None) or probe())
+        cluster = NatsCluster(n=3, base_dir=tmp_path)
+        try:
+            cluster.start()
+            assert taken not in [s.cluster_port for s in cluster.servers]
+            assert all(s.process is not None and s.process.poll() is None for s in cluster.servers)
+        finally:
+            cluster.cleanup()

@@ -41,6 +41,7 @@ from plexus.runtime.interceptors._interceptors import (
 )
 from plexus.runtime.ops._auth import NatsAuth
 from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore, check_payload_size, headers_size
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.store._outage import is_unavailable
@@ -113,6 +114,7 @@ class Runtime(RunsClient):
             registry=self.registry,
             artifacts=self.artifacts,
             registry_view=self._registry_cache,
+            acks=DeferredAcks(nc),
         )
         self.orchestrator = OrchestratorClient(self._connection)
         icpt = [TracingInterceptor(), *interceptors]
@@ -378,7 +380,9 @@ class Runtime(RunsClient):
                 if remaining <= 0:
                     raise TimeoutError
                 # Bounded per attempt: with no stream leader a publish is simply never answered.
-                return await self.js.publish(subject, data, headers=headers, timeout=min(remaining, 5.0))
+                return await self._connection.acks.publish_acked(
+                    subject, data, headers=headers, timeout=min(remaining, 5.0)
+                )
             except Exception as exc:
                 if not is_unavailable(exc):
                     raise
@@ -392,7 +396,9 @@ class Runtime(RunsClient):
         original in the agent's FIFO and is answered from the checkpoint, never handled a second time."""
         resend = msgspec.structs.replace(env, metadata={**env.metadata, RESEND: "1"})
         fresh = {**headers, HDR_MSG_ID: f"{env.id}{RESEND_ID_SEP}{time.time_ns()}"}
-        await self.js.publish(subject, encode_envelope(resend), headers=fresh, timeout=timeout)
+        await self._connection.acks.publish_acked(
+            subject, encode_envelope(resend), headers=fresh, timeout=timeout
+        )
 
     def _unwrap(self, reply: Reply) -> list[BaseBlock]:
         if not reply.ok:
@@ -472,7 +478,9 @@ class Runtime(RunsClient):
             headers = make_headers(env, inp.headers)
             check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
             subjects = self.subjects_for(recipient.namespace)
-            await self.js.publish(subjects.inbox(recipient.type, recipient.key), data, headers=headers)
+            await self._connection.acks.publish_acked(
+                subjects.inbox(recipient.type, recipient.key), data, headers=headers
+            )
         if stateless:
             # Every stateless recipient shares ONE core message on the topic subject: one worker of each topic
             # delivery group takes it and runs each listed type it handles (see worker/_topics.py).
@@ -497,6 +505,7 @@ class Runtime(RunsClient):
             self.js,
             stream=self.topology.names.events_stream,
             subject=subjects.evlog(agent_id.type, agent_id.key),
+            publish=self._connection.acks.publish_acked,
         )
 
 

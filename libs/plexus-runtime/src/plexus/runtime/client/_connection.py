@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore
 from plexus.runtime.store._registry import Registry, RegistryCache
 from plexus.runtime.store._topology import Topology
@@ -34,6 +35,8 @@ class Connection:
     artifacts: ArtifactStore
     #: The registry followed in memory (started with the runtime): hot-path lookups without a round trip.
     registry_view: RegistryCache
+    #: JetStream publishes over one ack subscription (`js.publish` without a request per message).
+    acks: DeferredAcks
 
     def subjects_for(self, namespace: str | None = None) -> Subjects:
         """The subject builders of `namespace` (default: this connection's namespace)."""

@@ -47,6 +47,10 @@ def find_nats_server() -> str:
     )
 
 
+#: Starts of a cluster whose randomly chosen route port was taken meanwhile by another process.
+_PORT_ATTEMPTS = 3
+
+
 def _free_port() -> int:
     # Only used for cluster route ports, which every node must know before any starts.
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
@@ -245,6 +249,23 @@ class NatsCluster:
         if self.base_dir is None:
             self.base_dir = Path(tempfile.mkdtemp(prefix="plexus-cluster-"))
             self._owns_dir = True
+        for attempt in range(_PORT_ATTEMPTS):
+            try:
+                return self._start_once()
+            except NatsServerError as exc:
+                # Random route ports are probed free, then released for nats-server to bind: another process
+                # may take one in between. Fresh ports fix that; a fixed port or any other failure does not.
+                taken = "address already in use" in str(exc)
+                self.stop()
+                if not taken or self.cluster_port is not None or attempt == _PORT_ATTEMPTS - 1:
+                    raise
+                for server in self.servers:
+                    if server.store_dir is not None:
+                        shutil.rmtree(server.store_dir, ignore_errors=True)
+        raise AssertionError("unreachable")
+
+    def _start_once(self) -> NatsCluster:
+        assert self.base_dir is not None
         hosts = self.hosts or ["127.0.0.1"] * self.n
         prefixes = self.command_prefixes or [[] for _ in range(self.n)]
         if len(hosts) != self.n or len(prefixes) != self.n:

@@ -17,22 +17,22 @@ import contextlib
 import datetime
 import re
 from collections import deque
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Generic, TypeVar, overload
+from typing import Generic, Protocol, TypeVar, overload
 
 import msgspec
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy, PubAck
 from nats.js.errors import APIError, NotFoundError
 
 from plexus.core import ConcurrentAppendError, KernelMessage, UnknownMessage, entry_from_json, entry_to_json
 
 from ._artifacts import safe_publish
 
-__all__ = ["DEFAULT_EVENTS_STREAM", "EventLog", "EventLogEntry", "LogRecord", "LogTail"]
+__all__ = ["DEFAULT_EVENTS_STREAM", "EventLog", "EventLogEntry", "LogRecord", "LogTail", "Publish"]
 
 T = TypeVar("T")
 
@@ -59,12 +59,21 @@ class LogRecord(Generic[T]):
     entry: T
 
 
+class Publish(Protocol):
+    """How an append reaches the stream: ``js.publish``'s contract (the PubAck, or its errors)."""
+
+    def __call__(
+        self, subject: str, data: bytes, *, headers: dict[str, str] | None = ..., timeout: float | None = ...
+    ) -> Awaitable[PubAck]: ...
+
+
 class EventLog(Generic[T]):
     """The EventLog of one agent: ``subject`` in ``stream``, entries converted by ``encode``/``decode``.
 
     ``encode`` must return one JSON value as bytes (entries are packed into a JSON array); the default
     codec is `entry_to_json` / `entry_from_json`. ``timeout`` bounds every server round trip and, in
-    `read`, the wait for the next stored message.
+    `read`, the wait for the next stored message. ``publish`` sends an append (default: ``js.publish``;
+    the runtime passes its connection's one multiplexed publisher), with ``js.publish``'s errors.
     """
 
     @overload
@@ -77,6 +86,7 @@ class EventLog(Generic[T]):
         encode: None = None,
         decode: None = None,
         timeout: float = ...,
+        publish: Publish | None = ...,
     ) -> None: ...
 
     @overload
@@ -89,6 +99,7 @@ class EventLog(Generic[T]):
         encode: Callable[[T], bytes],
         decode: Callable[[bytes], T],
         timeout: float = ...,
+        publish: Publish | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -100,6 +111,7 @@ class EventLog(Generic[T]):
         encode: Callable[[T], bytes] | None = None,
         decode: Callable[[bytes], T] | None = None,
         timeout: float = 5.0,
+        publish: Publish | None = None,
     ) -> None:
         if not subject or any(c in subject for c in " \t\r\n*>"):
             raise ValueError(f"EventLog subject must be a literal subject without wildcards, got {subject!r}")
@@ -114,6 +126,7 @@ class EventLog(Generic[T]):
         self._encode: Callable[[T], bytes] = encode if encode is not None else entry_to_json  # type: ignore[assignment]
         self._decode: Callable[[bytes], T] = decode if decode is not None else entry_from_json  # type: ignore[assignment]
         self._timeout = timeout
+        self._publish = publish
 
     # -- writing -------------------------------------------------------------------------------------
     async def append(self, entries: Sequence[T], expected_seq: int, *, msg_id: str | None = None) -> int:
@@ -130,9 +143,12 @@ class EventLog(Generic[T]):
         if msg_id is not None:
             headers[_MSG_ID] = msg_id
         try:
-            ack = await safe_publish(
-                self._js, self.subject, payload, headers=headers, ack_timeout=self._timeout
-            )
+            if self._publish is not None:
+                ack = await self._publish(self.subject, payload, headers=headers, timeout=self._timeout)
+            else:
+                ack = await safe_publish(
+                    self._js, self.subject, payload, headers=headers, ack_timeout=self._timeout
+                )
         except APIError as exc:
             if exc.err_code not in _WRONG_LAST_SEQ_CODES:
                 raise

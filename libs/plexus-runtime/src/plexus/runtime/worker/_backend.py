@@ -38,7 +38,6 @@ from plexus.runtime.interceptors._interceptors import (
     UsageInput,
     chain,
 )
-from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import check_payload_size
 from plexus.runtime.store._commit import CheckpointTaken
 from plexus.runtime.store._eventlog import EventLog
@@ -75,7 +74,7 @@ class WorkerBackend:
         self._bound: dict[int, Activation] = {}
         # Progress events published but not yet acknowledged, per bound Context (see `progress_stored`).
         self._progress_acks: dict[int, list[asyncio.Future[Any]]] = {}
-        self._acks = DeferredAcks(rt.nc)
+        self._acks = rt.connection.acks
         icpt = app.interceptors
         # Outbound sends and publications continue into the Runtime's own (client) chain.
         self._send = chain(icpt, "send", rt._send_chain)

@@ -177,7 +177,6 @@ class Worker(Upkeep):
                     metadata=dict(agent_type.metadata),
                 )
             )
-        await self._heartbeat()
         leases = LeaseManager(self.rt.topology.leases, self.worker_id, self.config.lease_ttl_s)
         durable_types = sum(1 for t in self.app.types.values() if t.durable)
         # Every partition of every durable type may be ours: each must be able to hold a pull request open.
@@ -211,6 +210,10 @@ class Worker(Upkeep):
                 )
                 self._subs.append(sub)
         self._subs.extend(await self._topics.subscribe())
+        # Announced only once the server has every subscription: a client that finds this worker in the
+        # registry must not meet "no responders" (an AgentNotFoundError) on its first send.
+        await self.rt.nc.flush()
+        await self._heartbeat()
         for owner in self._owners.values():
             await owner.rebalance()
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
