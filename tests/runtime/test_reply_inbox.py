@@ -11,11 +11,12 @@ from collections.abc import AsyncIterator
 import nats
 import pytest
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from plexus.core import AgentId, AgentNotFoundError, TextBlock
-from plexus.runtime import NatsServer, Runtime
+from plexus.runtime import AgentTypeInfo, NatsServer, Runtime, WorkerInfo
 from plexus.runtime.client._replies import NoRespondersError, ReplyInbox
-from plexus.runtime.wire._envelope import Reply, encode_reply
+from plexus.runtime.wire._envelope import Reply, decode_envelope, encode_reply
 from tests.runtime.conftest import WorkerProcess
 from tests.security.seeds import identity_auth
 
@@ -83,3 +84,37 @@ async def test_a_send_to_a_host_that_died_fails_with_agent_not_found_before_its_
         assert time.monotonic() - started < 10
     finally:
         await rt.close()
+
+
+async def test_a_host_whose_subscription_has_not_reached_this_server_yet_still_gets_the_message(
+    runtime: Runtime,
+) -> None:
+    # In a cluster a new worker's heartbeat can reach a client before its subscription reaches the client's
+    # server: "no responders" then means "not yet", and the send is asked again while the host is listed.
+    await runtime.registry.register_type(
+        AgentTypeInfo(namespace="default", type="late", durable=False, partitions=runtime.partitions)
+    )
+    now = time.time()
+    await runtime.registry.heartbeat(
+        WorkerInfo(
+            worker_id="w-late", host="h", pid=1, started_at=now, heartbeat_at=now, types=["default/late"]
+        )
+    )
+    await runtime.get("late", lazy=False, timeout=10)  # the client's registry view lists the host
+    subject = runtime.subjects.ephemeral("late", "k")
+    answered: list[str] = []
+
+    async def answer(msg: Msg) -> None:  # the worker's subscription, arriving 120 ms late
+        env = decode_envelope(msg.data, msg.headers)
+        answered.append(env.id)
+        await runtime.nc.publish(msg.reply, encode_reply(Reply(id=env.id, ok=True, payload=env.payload)))
+
+    async def subscribe_late() -> None:
+        await asyncio.sleep(0.12)
+        await runtime.nc.subscribe(subject, cb=answer)
+
+    late = asyncio.create_task(subscribe_late())
+    ping = [TextBlock(text="ping")]
+    assert await runtime.send_message(ping, AgentId("late", "k"), timeout=10) == ping
+    await late
+    assert len(answered) == 1  # nobody received the attempts that met no responders

@@ -19,7 +19,6 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
-from nats.js import api as js_api
 
 from plexus.core import (
     DEFAULT_NAMESPACE,
@@ -28,7 +27,6 @@ from plexus.core import (
     BaseBlock,
     KernelError,
     MessageId,
-    ReplyTimeoutError,
     RunId,
     TopicId,
 )
@@ -44,15 +42,12 @@ from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore, check_payload_size, headers_size
 from plexus.runtime.store._eventlog import EventLog
-from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.store._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
 from plexus.runtime.store._subscriptions import Subscription, SubscriptionTable
 from plexus.runtime.store._topology import Topology, ensure_topology
 from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
     HDR_TOPIC_TO,
-    RESEND,
-    RESEND_ID_SEP,
     Envelope,
     Reply,
     RunInfo,
@@ -67,7 +62,7 @@ from plexus.runtime.wire._subjects import Subjects, checkpoint_key, escape_token
 from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._connection import Connection
-from ._replies import NoRespondersError, ReplyInbox
+from ._delivery import Delivery
 from ._supervisor import new_root_run
 
 __all__ = ["Runtime"]
@@ -98,7 +93,6 @@ class Runtime(RunsClient):
         self._registry_cache = RegistryCache(self.registry)
         self.subscriptions = SubscriptionTable(topology.subscriptions)
         self.artifacts = ArtifactStore(topology.artifacts)
-        self._replies = ReplyInbox(nc)
         self._routes: dict[tuple[str, str, str, bool], str] = {}
         self._server: NatsServer | None = None
         # Set when the NATS connection is closed for good (by `close()` or by nats-py after a fatal
@@ -116,6 +110,7 @@ class Runtime(RunsClient):
             registry_view=self._registry_cache,
             acks=DeferredAcks(nc),
         )
+        self._delivery = Delivery(self._connection)
         self.orchestrator = OrchestratorClient(self._connection)
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._send_terminal)
@@ -200,12 +195,12 @@ class Runtime(RunsClient):
         return rt
 
     async def _start(self) -> None:
-        await self._replies.start()
+        await self._delivery.replies.start()
         await self._registry_cache.start()
         await self.subscriptions.start()
 
     async def close(self) -> None:
-        self._replies.cancel_all()
+        self._delivery.replies.cancel_all()
         with contextlib.suppress(Exception):
             await self.subscriptions.stop()
         with contextlib.suppress(Exception):
@@ -316,38 +311,17 @@ class Runtime(RunsClient):
             inp.timeout_s,
         )
         headers = make_headers(env, inp.headers)
-        if not info.durable:
+        if info.durable:
+            reply = await self._delivery.send_durable(
+                subject, env, headers, inp.recipient, inp.timeout_s, deadline
+            )
+        else:
             data = encode_envelope(env)
             # Headers count too: a message over max_payload makes the server close the connection.
             check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
-            reply_to, future = self._replies.expect(env.id)
-            try:
-                # A core request, multiplexed on the client's own inbox (`ReplyInbox`).
-                await self.nc.publish(subject, data, reply=reply_to, headers=headers)
-                reply = await self._replies.wait(future, max(deadline - time.monotonic(), 0.001))
-            except NoRespondersError:
-                raise AgentNotFoundError(inp.recipient) from None
-            except TimeoutError:
-                raise ReplyTimeoutError(str(inp.recipient), env.id, inp.timeout_s) from None
-            finally:
-                self._replies.forget(env.id)
-            return self._unwrap(reply)
-        reply_to, future = self._replies.expect(env.id)
-        env = msgspec.structs.replace(env, reply_to=reply_to)
-        data = encode_envelope(env)
-        try:
-            check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
-            ack = await self._publish_durable(subject, data, headers, deadline, inp, env.id)
-            if ack.duplicate:
-                # The same message id inside the dedupe window: the server dropped this copy, so nobody would
-                # answer it. Ask the agent for the stored reply instead (the handler never runs twice).
-                await self._resend(subject, env, headers, max(deadline - time.monotonic(), 0.001))
-            try:
-                reply = await self._replies.wait(future, max(deadline - time.monotonic(), 0.001))
-            except TimeoutError:
-                raise ReplyTimeoutError(str(inp.recipient), env.id, inp.timeout_s) from None
-        finally:
-            self._replies.forget(env.id)
+            reply = await self._delivery.request(
+                subject, data, headers, env.id, inp.recipient, inp.timeout_s, deadline
+            )
         return self._unwrap(reply)
 
     def _inbox_of(self, recipient: AgentId, durable: bool) -> str:
@@ -367,38 +341,6 @@ class Runtime(RunsClient):
                 self._routes.clear()
             self._routes[route] = subject
         return subject
-
-    async def _publish_durable(
-        self, subject: str, data: bytes, headers: dict[str, str], deadline: float, inp: SendInput, msg_id: str
-    ) -> js_api.PubAck:
-        """Publish into the inbox stream, riding out a leader election until `deadline`: a retry carries the
-        same `Nats-Msg-Id`, so the stream keeps one copy even if an unanswered attempt was stored."""
-        delay = 0.1
-        while True:
-            remaining = deadline - time.monotonic()
-            try:
-                if remaining <= 0:
-                    raise TimeoutError
-                # Bounded per attempt: with no stream leader a publish is simply never answered.
-                return await self._connection.acks.publish_acked(
-                    subject, data, headers=headers, timeout=min(remaining, 5.0)
-                )
-            except Exception as exc:
-                if not is_unavailable(exc):
-                    raise
-                if deadline - time.monotonic() <= delay:
-                    raise ReplyTimeoutError(str(inp.recipient), msg_id, inp.timeout_s) from exc
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 1.0)
-
-    async def _resend(self, subject: str, env: Envelope, headers: dict[str, str], timeout: float) -> None:
-        """Publish a copy of `env` marked as a resend under a fresh `Nats-Msg-Id`: it queues behind the
-        original in the agent's FIFO and is answered from the checkpoint, never handled a second time."""
-        resend = msgspec.structs.replace(env, metadata={**env.metadata, RESEND: "1"})
-        fresh = {**headers, HDR_MSG_ID: f"{env.id}{RESEND_ID_SEP}{time.time_ns()}"}
-        await self._connection.acks.publish_acked(
-            subject, encode_envelope(resend), headers=fresh, timeout=timeout
-        )
 
     def _unwrap(self, reply: Reply) -> list[BaseBlock]:
         if not reply.ok:
