@@ -33,34 +33,32 @@ async def nc(nats_url: str) -> AsyncIterator[Client]:
 async def test_a_reply_resolves_its_own_send_only(nc: Client) -> None:
     inbox = ReplyInbox(nc)
     await inbox.start()
-    first_to, first = inbox.expect("msg.with*odd>chars")  # escaped into one token
-    second_to, second = inbox.expect("m2")
+    first_to, first = inbox.expect_reply("msg.with*odd>chars")  # escaped into one token
+    second_to, second = inbox.expect_reply("m2")
     assert first_to.count(".") == second_to.count(".")
     await nc.publish(second_to, encode_reply(Reply(id="m2", ok=True)))
-    assert (await inbox.wait(second, 5)).id == "m2"
+    assert (await inbox.answer(second, 5, TimeoutError)).id == "m2"
     assert not first.done()
     await nc.publish(first_to, b"not a reply")  # ignored: the send waits on for a real one
     await nc.publish(first_to, encode_reply(Reply(id="msg.with*odd>chars", ok=False)))
-    assert (await inbox.wait(first, 5)).ok is False
-    inbox.forget("m2")
-    inbox.forget("msg.with*odd>chars")
-    assert inbox._pending == {}
+    assert (await inbox.answer(first, 5, TimeoutError)).ok is False
+    assert inbox._pending == {}  # an answered send is no longer waited for
 
 
 async def test_nobody_listening_fails_at_once_and_silence_times_out(nc: Client) -> None:
     inbox = ReplyInbox(nc)
     await inbox.start()
-    reply_to, future = inbox.expect("m1")
+    reply_to, future = inbox.expect_reply("m1")
     started = time.monotonic()
     await nc.publish("nobody.listens.here", b"{}", reply=reply_to)
     with pytest.raises(NoRespondersError):
-        await inbox.wait(future, 30)
+        await inbox.answer(future, 30, TimeoutError)
     assert time.monotonic() - started < 5  # the server's status, not the 30 s deadline
     listener = await nc.subscribe("someone.listens")  # and never answers
-    reply_to, future = inbox.expect("m2")
+    reply_to, future = inbox.expect_reply("m2")
     await nc.publish("someone.listens", b"{}", reply=reply_to)
     with pytest.raises(TimeoutError):
-        await inbox.wait(future, 0.2)
+        await inbox.answer(future, 0.2, TimeoutError)
     await listener.unsubscribe()
 
 

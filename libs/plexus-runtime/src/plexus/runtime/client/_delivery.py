@@ -62,10 +62,12 @@ class Delivery:
         nc, registry = self._connection.nc, self._connection.registry_view
         delay = _NO_RESPONDERS_RETRY_S
         for attempt in range(_NO_RESPONDERS_ATTEMPTS):
-            reply_to, future = self.replies.expect(message_id)
+            reply_to, future = self.replies.expect_reply(message_id)
             try:
                 await nc.publish(subject, data, reply=reply_to, headers=headers)
-                return await self.replies.wait(future, max(deadline - time.monotonic(), 0.001))
+                return await self.replies.answer(
+                    future, max(deadline - time.monotonic(), 0.001), TimeoutError
+                )
             except NoRespondersError:
                 if (
                     attempt == _NO_RESPONDERS_ATTEMPTS - 1
@@ -76,7 +78,7 @@ class Delivery:
             except TimeoutError:
                 raise ReplyTimeoutError(str(recipient), message_id, timeout_s) from None
             finally:
-                self.replies.forget(message_id)
+                future.cancel()  # no-op once answered; else the reply is no longer awaited
             await asyncio.sleep(delay)
             delay *= 2
         raise AssertionError("unreachable")
@@ -91,7 +93,7 @@ class Delivery:
         deadline: float,
     ) -> Reply:
         """Publish `env` into its inbox stream with the reply inbox as ``reply_to``; its reply."""
-        reply_to, future = self.replies.expect(env.id)
+        reply_to, future = self.replies.expect_reply(env.id)
         env = msgspec.structs.replace(env, reply_to=reply_to)
         data = encode_envelope(env)
         try:
@@ -102,11 +104,13 @@ class Delivery:
                 # answer it. Ask the agent for the stored reply instead (the handler never runs twice).
                 await self._resend(subject, env, headers, max(deadline - time.monotonic(), 0.001))
             try:
-                return await self.replies.wait(future, max(deadline - time.monotonic(), 0.001))
+                return await self.replies.answer(
+                    future, max(deadline - time.monotonic(), 0.001), TimeoutError
+                )
             except TimeoutError:
                 raise ReplyTimeoutError(str(recipient), env.id, timeout_s) from None
         finally:
-            self.replies.forget(env.id)
+            future.cancel()  # no-op once answered
 
     async def _publish_durable(
         self,

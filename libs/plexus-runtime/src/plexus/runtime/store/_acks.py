@@ -23,35 +23,30 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from plexus.runtime.store._artifacts import check_payload_size, headers_size
+from plexus.runtime.store._inbox import MultiplexedInbox
 
 __all__ = ["DeferredAcks"]
 
-_NO_RESPONDERS = "503"
 
+class DeferredAcks(MultiplexedInbox[dict[str, Any]]):
+    """One ack subscription per connection (`MultiplexedInbox`); `publish` returns the future of the
+    message's ack, `publish_acked` awaits it."""
 
-class DeferredAcks:
-    """One reply subscription per connection; `publish` returns the future of the message's ack."""
+    no_responders = nats.js.errors.NoStreamResponseError
 
     def __init__(self, nc: NATS, timeout_s: float = 5.0) -> None:
-        self._nc = nc
+        super().__init__(nc)
         self.timeout_s = timeout_s
-        self._prefix: str | None = None
-        self._subscribing = asyncio.Lock()
         self._tokens = itertools.count()
-        self._pending: dict[str, asyncio.Future[dict[str, Any]]] = {}
 
     async def publish(
         self, subject: str, data: bytes, headers: dict[str, str] | None = None
     ) -> asyncio.Future[dict[str, Any]]:
         """Publish `data` to a stream's `subject` now; the future holds the ack (or the publish's error)."""
-        prefix = self._prefix or await self._subscribe()
-        token = str(next(self._tokens))
-        future: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
-        self._pending[token] = future
-        # However it ends (acked, failed, cancelled by `forget`), the token is no longer waited for.
-        future.add_done_callback(lambda _f: self._pending.pop(token, None))
+        await self.start()
+        reply, future = self.expect(str(next(self._tokens)))
         try:
-            await self._nc.publish(subject, data, reply=f"{prefix}.{token}", headers=headers)
+            await self.nc.publish(subject, data, reply=reply, headers=headers)
         except BaseException:
             future.cancel()
             raise
@@ -67,24 +62,15 @@ class DeferredAcks:
     ) -> js_api.PubAck:
         """``js.publish``: the ack, or what it raises (`nats.errors.TimeoutError`, nats-py's typed API
         errors); `PayloadTooLargeError` before sending what the server would refuse with a disconnect."""
-        check_payload_size(len(data) + headers_size(headers), self._nc.max_payload)
+        check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
         future = await self.publish(subject, data, headers)
-        timer = asyncio.get_running_loop().call_later(
-            self.timeout_s if timeout is None else timeout, _expire, future
-        )
         try:
-            answer = await future
+            answer = await self.answer(
+                future, self.timeout_s if timeout is None else timeout, nats.errors.TimeoutError
+            )
         finally:
-            timer.cancel()
+            future.cancel()  # no-op once answered
         return js_api.PubAck.from_response(answer)
-
-    async def _subscribe(self) -> str:
-        async with self._subscribing:  # the first publishes of concurrent handlers share one subscription
-            if self._prefix is None:
-                prefix = self._nc.new_inbox()
-                await self._nc.subscribe(f"{prefix}.*", cb=self._on_ack)
-                self._prefix = prefix
-            return self._prefix
 
     async def wait(self, futures: Iterable[asyncio.Future[dict[str, Any]]]) -> None:
         """Wait for every ack, in order; the first error (or `nats.errors.TimeoutError`) is raised."""
@@ -103,13 +89,7 @@ class DeferredAcks:
         for future in futures:
             future.cancel()
 
-    async def _on_ack(self, msg: Msg) -> None:
-        future = self._pending.get(msg.subject.rsplit(".", 1)[-1])
-        if future is None or future.done():
-            return
-        if (msg.headers or {}).get("Status") == _NO_RESPONDERS:
-            future.set_exception(nats.js.errors.NoStreamResponseError())
-            return
+    def _resolve(self, msg: Msg, future: asyncio.Future[dict[str, Any]]) -> None:
         try:
             answer = msgspec.json.decode(msg.data)
             if not isinstance(answer, dict):
@@ -127,8 +107,3 @@ class DeferredAcks:
             future.set_exception(typed)
         except Exception:  # an error object of another shape
             future.set_exception(nats.js.errors.APIError(description=str(error)))
-
-
-def _expire(future: asyncio.Future[dict[str, Any]]) -> None:
-    if not future.done():
-        future.set_exception(nats.errors.TimeoutError())

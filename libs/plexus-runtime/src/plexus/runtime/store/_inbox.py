@@ -1,0 +1,91 @@
+"""One wildcard subscription that answers many requests: what a request costs without nats-py's ``request``.
+
+nats-py's ``request`` (and ``js.publish``, which is one) reads a random token from the OS, draws a second id
+and wraps the wait in `asyncio.wait_for` — about a tenth of a busy process's CPU. Here a request names
+``<prefix>.<token>`` as its reply subject, the answer resolves the future registered under that token, and a
+deadline is one loop timer. The server's "no responders" status comes to the same subject. Subclasses say
+what an answer means (`_resolve`) and what "no responders" raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+
+__all__ = ["MultiplexedInbox"]
+
+T = TypeVar("T")
+
+#: The status NATS answers a publish with a reply subject when no subscription matches it (and the
+#: connection asked for it, as nats-py's does).
+_NO_RESPONDERS = "503"
+
+
+class MultiplexedInbox(Generic[T]):
+    """Futures by reply token, resolved by whatever arrives on ``<prefix>.<token>``."""
+
+    #: What a future fails with when the server says nobody listens on the request's subject.
+    no_responders: Callable[[], Exception] = ConnectionError
+
+    def __init__(self, nc: NATS) -> None:
+        self.nc = nc
+        self.prefix = nc.new_inbox()
+        self._pending: dict[str, asyncio.Future[T]] = {}
+        self._subscribed = False
+        self._subscribing = asyncio.Lock()
+
+    async def start(self) -> None:
+        """Subscribe (once; concurrent first callers share the subscription)."""
+        if self._subscribed:
+            return
+        async with self._subscribing:
+            if not self._subscribed:
+                await self.nc.subscribe(f"{self.prefix}.*", cb=self._on_message)
+                self._subscribed = True
+
+    def expect(self, token: str) -> tuple[str, asyncio.Future[T]]:
+        """The reply subject for `token` (one subject token) and the future its answer resolves. However
+        the future ends (answered, failed, cancelled), the token is no longer waited for."""
+        future: asyncio.Future[T] = asyncio.get_running_loop().create_future()
+        self._pending[token] = future
+
+        def done(f: asyncio.Future[T]) -> None:
+            if self._pending.get(token) is f:  # a later request may have reused the token
+                del self._pending[token]
+
+        future.add_done_callback(done)
+        return f"{self.prefix}.{token}", future
+
+    @staticmethod
+    async def answer(future: asyncio.Future[T], timeout: float, expired: Callable[[], Exception]) -> T:
+        """The answer, or `expired()` raised after `timeout` seconds (the future is then done)."""
+        timer = asyncio.get_running_loop().call_later(timeout, _expire, future, expired)
+        try:
+            return await future
+        finally:
+            timer.cancel()
+
+    def cancel_all(self) -> None:
+        for future in list(self._pending.values()):
+            future.cancel()
+
+    async def _on_message(self, msg: Msg) -> None:
+        future = self._pending.get(msg.subject.rpartition(".")[2])
+        if future is None or future.done():
+            return
+        if not msg.data and msg.headers and msg.headers.get("Status") == _NO_RESPONDERS:
+            future.set_exception(self.no_responders())
+            return
+        self._resolve(msg, future)
+
+    def _resolve(self, msg: Msg, future: asyncio.Future[T]) -> None:
+        raise NotImplementedError
+
+
+def _expire(future: asyncio.Future[T], expired: Callable[[], Exception]) -> None:
+    if not future.done():
+        future.set_exception(expired())
