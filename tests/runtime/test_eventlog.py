@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import datetime
 import json
 from collections.abc import AsyncIterator
 from typing import Any
 
 import nats
+import nats.errors
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -23,13 +25,13 @@ SUBJECT = "px.default.evlog.chat.s1"
 WAIT = 10.0  # deadline for every await on a live event
 
 
-def dict_log(js: JetStreamContext, subject: str = SUBJECT) -> EventLog[dict[str, Any]]:
+def dict_log(js: JetStreamContext, subject: str = SUBJECT, timeout: float = 5.0) -> EventLog[dict[str, Any]]:
     def decode(data: bytes) -> dict[str, Any]:
         value = json.loads(data)
         assert isinstance(value, dict)
         return value
 
-    return EventLog(js, subject, encode=lambda e: json.dumps(e).encode(), decode=decode)
+    return EventLog(js, subject, encode=lambda e: json.dumps(e).encode(), decode=decode, timeout=timeout)
 
 
 @pytest.fixture
@@ -158,6 +160,50 @@ async def test_read_stops_at_the_last_seq_known_at_call_time(js: JetStreamContex
     await writer
     assert [r.entry["n"] for r in records][:30] == list(range(30))
     assert len(records) >= 30
+
+
+async def test_read_since_reads_the_batches_stored_from_a_time_on(js: JetStreamContext) -> None:
+    log = dict_log(js)
+    s1 = await log.append([{"n": 1}], 0)
+    first = await js.get_last_msg("PLEXUS_EVENTS", SUBJECT)
+    await log.append([{"n": 2}, {"n": 3}], s1)
+    second = await js.get_last_msg("PLEXUS_EVENTS", SUBJECT)
+    assert first.time is not None
+    assert second.time is not None
+    assert [r.entry["n"] for r in await log.read_since(first.time)] == [1, 2, 3]
+    assert [r.entry["n"] for r in await log.read_since(second.time)] == [2, 3]
+    naive = second.time.astimezone(datetime.UTC).replace(tzinfo=None)  # read as UTC, as nats-py does
+    assert [r.entry["n"] for r in await log.read_since(naive)] == [2, 3]
+
+
+async def test_read_since_after_the_last_batch_is_empty_without_waiting(js: JetStreamContext) -> None:
+    log = dict_log(js, timeout=30.0)
+    assert await log.read_since(datetime.datetime.now(datetime.UTC)) == []
+    await log.append([{"n": 1}], 0)
+    later = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=5)
+    # The last batch's time says there is nothing: no consumer waits out its 30 s for a message.
+    async with asyncio.timeout(10):
+        assert await log.read_since(later) == []
+
+
+class _PurgesAfterLastRead(JetStreamContext):
+    """A JetStream context under which the log's batches vanish right after their last one was read: the
+    consumer that read_since starts next stays silent, as one whose server was lost does."""
+
+    async def get_last_msg(self, stream_name: str, subject: str, direct: bool | None = False) -> Any:
+        msg = await super().get_last_msg(stream_name, subject, direct=direct)
+        await self.purge_stream(stream_name, subject=subject)
+        return msg
+
+
+async def test_read_since_never_takes_a_silent_consumer_for_an_empty_log(nc: NATS) -> None:
+    log = dict_log(js=_PurgesAfterLastRead(nc), timeout=1.0)
+    before = datetime.datetime.now(datetime.UTC) - datetime.timedelta(seconds=5)
+    await log.append([{"n": 1}], 0)
+    # A batch was stored after `before` but none arrives: an outage (a redelivered message would otherwise
+    # look uncommitted and run a second time), not "nothing since".
+    with pytest.raises(nats.errors.TimeoutError):
+        await log.read_since(before)
 
 
 async def test_tail_yields_stored_then_live_records(js: JetStreamContext) -> None:

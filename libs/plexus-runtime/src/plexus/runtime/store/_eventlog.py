@@ -232,9 +232,22 @@ class EventLog(Generic[T]):
 
     async def read_since(self, when: datetime.datetime) -> list[LogRecord[T]]:
         """Records of the batches stored at or after `when` (up to the last one at call time): a short read
-        when `when` is recent, however long the log is."""
-        last = await self.last_seq()
-        if last == 0:
+        when `when` is recent, however long the log is.
+
+        "Nothing since `when`" is read from the last batch's timestamp, never concluded from a consumer that
+        stays silent: one whose delivery stalls (its server lost, a leader elected meanwhile) raises
+        `nats.errors.TimeoutError` after ``timeout``, as an outage, instead of answering a short list (a
+        redelivered message would then look uncommitted and run twice)."""
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)  # nats-py reads a naive time as UTC too
+        try:
+            last_msg = await self._js.get_last_msg(self.stream, self.subject)
+        except NotFoundError as exc:
+            if exc.err_code == _NO_MESSAGE_FOUND:
+                return []
+            raise
+        last = int(last_msg.seq or 0)
+        if last == 0 or (last_msg.time is not None and last_msg.time < when):
             return []
         sub = await self._js.subscribe(
             self.subject,
@@ -246,10 +259,7 @@ class EventLog(Generic[T]):
         records: list[LogRecord[T]] = []
         try:
             while True:
-                try:
-                    msg = await sub.next_msg(timeout=self._timeout)
-                except nats.errors.TimeoutError:
-                    break  # nothing stored since `when`
+                msg = await sub.next_msg(timeout=self._timeout)
                 meta = msg.metadata
                 seq = meta.sequence.stream
                 if seq > last:
