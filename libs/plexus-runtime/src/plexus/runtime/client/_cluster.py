@@ -269,13 +269,18 @@ class ClusterSupervisor:
         if not run.orchestrated:
             await self.local.check(run)
             return
-        await self._raise_if_ended(run)
         stream = self.rt.topology.names.counters_stream
-        names = [dimension for dimension, _ in _DIMENSIONS]
-        # Read concurrently: one round trip, not one per dimension (a check runs before every model call).
-        found = await asyncio.gather(
-            *(self.rt.js.get_last_msg(stream, self._counter(run, d)) for d in names), return_exceptions=True
+        # Only the dimensions the budget limits, read together with the run's end (a first check of a run
+        # reads its record): one round trip, not one per read (a check runs before every model call).
+        limits = run.budget or {}
+        names = [dimension for dimension, limit in _DIMENSIONS if limits.get(limit) is not None]
+        ended, *found = await asyncio.gather(
+            self.control.terminal_error(run),
+            *(self.rt.js.get_last_msg(stream, self._counter(run, d)) for d in names),
+            return_exceptions=True,
         )
+        if isinstance(ended, BaseException):  # the run's end (returned) or its read's failure (raised)
+            raise ended
         totals: dict[str, int] = {}
         for dimension, msg in zip(names, found, strict=True):
             total = _counter_value(msg)
