@@ -40,6 +40,7 @@ from ._content import (
     register_block_type,
     registered_block_types,
 )
+from ._entries_json import kernel_entry_json, received_entry_json, reply_entry_json
 from ._errors import (
     WIRE_ERROR_VERSION,
     AgentCrashError,
@@ -299,13 +300,16 @@ __all__ = [
     "dumps_sorted",
     "entry_from_json",
     "entry_to_json",
+    "kernel_entry_json",
     "kernel_message_from_dict",
     "model_facing",
     "model_items",
     "progress_event_json",
+    "received_entry_json",
     "register_block_type",
     "register_message_type",
     "registered_block_types",
+    "reply_entry_json",
     "sniff_mime",
     "sort_keys_deep",
     "stream_event_from_json",

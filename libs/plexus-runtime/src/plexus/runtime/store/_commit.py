@@ -18,7 +18,16 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, SerializerFunctionWrapHandler, model_serializer
 
-from plexus.core import AgentId, KernelMessage, ReplyMessage, RunMessageReceived, register_message_type
+from plexus.core import (
+    AgentId,
+    KernelMessage,
+    RunMessageReceived,
+    entry_to_json,
+    kernel_entry_json,
+    received_entry_json,
+    register_message_type,
+    reply_entry_json,
+)
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._registry import type_ref
 from plexus.runtime.wire._envelope import Reply
@@ -36,7 +45,7 @@ if TYPE_CHECKING:
     from plexus.runtime._context import Context
     from plexus.runtime.client._client import Runtime
 
-__all__ = ["CheckpointTaken", "Committer", "MessageCommitted"]
+__all__ = ["CheckpointTaken", "Committer", "MessageCommitted", "marker_json"]
 
 log = logging.getLogger("plexus.worker")
 
@@ -68,6 +77,30 @@ class MessageCommitted(KernelMessage):
         return data
 
 
+def marker_json(
+    message_id: str,
+    *,
+    reply: str | None,
+    state: str | None,
+    progress_seq: int | None,
+    timestamp: float | None = None,
+) -> bytes:
+    """``MessageCommitted(...)`` as `entry_to_json` writes it, without building the model (once a message)."""
+    fields: dict[str, str | int | None] = {"message_id": message_id, "reply": reply}
+    if state is not None:
+        fields["state"] = state
+    if progress_seq is not None:
+        fields["progress_seq"] = progress_seq
+    data = kernel_entry_json("plexus.committed", fields, timestamp=timestamp)
+    if data is None:  # a clock msgspec would write differently: the model's own bytes
+        stamp = {} if timestamp is None else {"timestamp": timestamp}
+        marker = MessageCommitted(
+            message_id=message_id, reply=reply, state=state, progress_seq=progress_seq, **stamp
+        )
+        data = entry_to_json(marker)
+    return data
+
+
 @register_message_type
 class CheckpointTaken(KernelMessage):
     """Logged (fenced) before a checkpoint the handler asks for (`ctx.checkpoint()`): a zombie — a handler
@@ -86,22 +119,23 @@ class Committer:
         self.activations = activations
 
     async def commit(
-        self, activation: Activation, work: _Work, ctx: Context, reply: Reply, encoded: bytes | None
+        self, activation: Activation, work: _Work, ctx: Context, reply: Reply, reply_bytes: bytes | None
     ) -> None:
         """The EventLog append (and the checkpoint's CAS after it when needed): the ack that follows only
         follows durable effects."""
         env = work.env
         run_id = env.run.run_id if env.run else env.id
-        entries: list[Any] = [
-            RunMessageReceived(
+        # The entries as the log stores them, written without building their models (values intake checked).
+        encoded = [
+            received_entry_json(
                 run_id=run_id, agent_id=str(work.agent_id), message_id=env.id, sender=env.sender
             ),
-            *ctx.pending_entries,
+            *(entry_to_json(entry) for entry in ctx.pending_entries),
         ]
         if reply.ok and reply.payload is not None:
             text = _reply_text(reply)
             if text is not None:
-                entries.append(ReplyMessage(text=text))
+                encoded.append(reply_entry_json(text))
         state = activation.encoded_state()
         # Deltas and progress sequences in markers only while every live host of the type reads them.
         deltas = self.rt.connection.registry_view.supported_by_all(
@@ -109,15 +143,16 @@ class Committer:
         )
         checkpoint, delta = activation.plan_commit(state, env.id, self.rt.nc.max_payload, deltas)
         if not checkpoint:
-            kept = encoded if encoded is not None and len(encoded) <= REPLY_MAX_BYTES else None
+            kept = reply_bytes if reply_bytes is not None and len(reply_bytes) <= REPLY_MAX_BYTES else None
             moved = activation.progress_seq != activation.saved_progress_seq
-            marker = MessageCommitted(
-                message_id=env.id,
-                reply=None if kept is None else kept.decode(),
-                state=None if delta is None else delta.decode(),
-                progress_seq=activation.progress_seq if moved else None,
+            encoded.append(
+                marker_json(
+                    env.id,
+                    reply=None if kept is None else kept.decode(),
+                    state=None if delta is None else delta.decode(),
+                    progress_seq=activation.progress_seq if moved else None,
+                )
             )
-            entries.append(marker)
         if env.id in activation.logged:
             # Logged by a worker that died before its checkpoint: the entries are there already.
             activation.logged.discard(env.id)
@@ -125,15 +160,15 @@ class Committer:
             log = self.rt.event_log(work.agent_id)
             async with activation.log_lock:
                 try:
-                    activation.log_seq = await log.append(entries, expected_seq=activation.log_seq)
+                    activation.log_seq = await log.append_encoded(encoded, expected_seq=activation.log_seq)
                 except PayloadTooLargeError:
                     if checkpoint:
                         raise
                     # The marker's delta and reply made the batch too big (nothing was sent): two writes.
-                    entries.pop()
+                    encoded.pop()
                     checkpoint = True
-                    activation.log_seq = await log.append(entries, expected_seq=activation.log_seq)
-        activation.remember(env.id, encoded, reply_budget=self.rt.nc.max_payload // 4)
+                    activation.log_seq = await log.append_encoded(encoded, expected_seq=activation.log_seq)
+        activation.remember(env.id, reply_bytes, reply_budget=self.rt.nc.max_payload // 4)
         if checkpoint:
             await self.activations.save(activation, state=state)
         else:

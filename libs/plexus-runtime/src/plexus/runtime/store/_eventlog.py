@@ -136,9 +136,19 @@ class EventLog(Generic[T]):
         and `PayloadTooLargeError` when the batch does not fit in one message. With ``msg_id``, retrying an
         append whose first attempt landed (e.g. after a timeout) returns that attempt's sequence.
         """
+        return await self._append_batch(self.encode_batch(entries), expected_seq, msg_id)
+
+    async def append_encoded(
+        self, encoded: Sequence[bytes], expected_seq: int, *, msg_id: str | None = None
+    ) -> int:
+        """`append` for entries already encoded as this log's ``encode`` would (one JSON value each)."""
+        if not encoded:
+            raise ValueError("append needs at least one entry")
+        return await self._append_batch(b"[" + b",".join(encoded) + b"]", expected_seq, msg_id)
+
+    async def _append_batch(self, payload: bytes, expected_seq: int, msg_id: str | None) -> int:
         if expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
-        payload = self.encode_batch(entries)
         headers = {_EXPECTED_LAST_SUBJECT_SEQ: str(expected_seq), _EXPECTED_STREAM: self.stream}
         if msg_id is not None:
             headers[_MSG_ID] = msg_id
