@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -86,6 +86,10 @@ class Activation:
     unsaved: int = 0
     #: The progress sequence as of the last commit (a one-write commit logs it when it moved).
     saved_progress_seq: int = 0
+    #: The newest `REPLY_MEMORY` handled ids, oldest first (None until `remember` first scans), and the
+    #: size of the replies kept among them: `remember`'s usual case needs no scan.
+    _recent: deque[str] | None = None
+    _kept: int = 0
 
     @property
     def saved_state(self) -> bytes:
@@ -151,14 +155,38 @@ class Activation:
         caller's deadline covers that rare crash between commit and reply).
         """
         handled = self.handled
-        handled[message_id] = reply if reply is None or len(reply) <= REPLY_MAX_BYTES else None
+        known = message_id in handled
+        stored = reply if reply is None or len(reply) <= REPLY_MAX_BYTES else None
+        handled[message_id] = stored
         handled.move_to_end(message_id)
         while len(handled) > HANDLED_MEMORY:
             handled.popitem(last=False)
+        recent = self._recent
+        if known or recent is None:
+            self._trim_replies(reply_budget)
+            return
+        # The usual case, without a scan: a new id enters the newest REPLY_MEMORY, the oldest of them leaves
+        # (its reply with it), and while the replies kept there fit the budget all of them stay — what the
+        # scan would decide.
+        recent.append(message_id)
+        if len(recent) > REPLY_MEMORY:
+            leaving = recent.popleft()
+            left = handled.get(leaving)
+            if left is not None:
+                handled[leaving] = None
+                self._kept -= len(left)
+        if stored is not None:
+            self._kept += len(stored)
+        if self._kept > reply_budget:  # (a call may bring a smaller budget than the last)
+            self._trim_replies(reply_budget)
+
+    def _trim_replies(self, reply_budget: int) -> None:
+        """Keep replies only for the newest `REPLY_MEMORY` ids, newest first while they fit `reply_budget`."""
+        handled = self.handled
         # Older entries hold no reply already (each call clears the one leaving the window; see also
         # `_with_recent_replies`), so only the newest REPLY_MEMORY + 1 need a look.
         size = 0
-        newest = islice(reversed(handled.items()), REPLY_MEMORY + 1)
+        newest = list(islice(reversed(handled.items()), REPLY_MEMORY + 1))
         for position, (mid, stored) in enumerate(newest):  # setting a value keeps the order
             if stored is None:
                 continue
@@ -166,6 +194,8 @@ class Activation:
                 size += len(stored)
             else:
                 handled[mid] = None
+        self._recent = deque(mid for mid, _ in reversed(newest[:REPLY_MEMORY]))
+        self._kept = size
 
     def document(self, state: StateParts | bytes) -> bytes:
         """The checkpoint's bytes for `state` (`encoded_state()`)."""
