@@ -14,7 +14,6 @@ import json
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
@@ -85,7 +84,14 @@ class _Puller:
 
     async def _run(self) -> None:
         inbox = self.nc.new_inbox()
-        sub = await self.nc.subscribe(inbox)
+        # Deliveries wait in a queue of our own: nats-py's `next_msg` wraps every wait in a task (and draws a
+        # uuid4 for it), a tenth of a busy worker's pull path; most deliveries are there already.
+        queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+        async def deliver(msg: Msg) -> None:
+            queue.put_nowait(msg)
+
+        sub = await self.nc.subscribe(inbox, cb=deliver)
         request = json.dumps({"batch": 0, "expires": int(self.EXPIRES_S * 1e9)})
         me = asyncio.current_task()
         try:
@@ -104,7 +110,7 @@ class _Puller:
                 try:
                     body = request.replace('"batch": 0', f'"batch": {free}', 1).encode()
                     await self.nc.publish(self._next_subject, body, reply=inbox)
-                    failed = await self._receive(sub, free)
+                    failed = await self._receive(queue, free)
                 except asyncio.CancelledError:
                     # Stopped mid-pull (partition released or lost): hand back the slots no delivery took,
                     # or the worker would keep fewer slots after every rebalance and finally stop pulling.
@@ -122,15 +128,19 @@ class _Puller:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def _receive(self, sub: Any, wanted: int) -> bool:
+    async def _receive(self, queue: asyncio.Queue[Msg], wanted: int) -> bool:
         """Dispatch the deliveries answering one pull request (counted in `_got`, each holding one of the
         slots taken for the request); True when the request failed."""
-        deadline = time.monotonic() + self.EXPIRES_S + 1.0
+        deadline = asyncio.get_running_loop().time() + self.EXPIRES_S + 1.0
         while self._got < wanted and not self._stopped:
             try:
-                msg: Msg = await sub.next_msg(timeout=max(deadline - time.monotonic(), 0.01))
-            except TimeoutError:
-                return False  # the 408 was lost (e.g. a reconnect): ask again
+                msg = queue.get_nowait()
+            except asyncio.QueueEmpty:
+                try:
+                    async with asyncio.timeout_at(deadline):
+                        msg = await queue.get()
+                except TimeoutError:
+                    return False  # the 408 was lost (e.g. a reconnect): ask again
             if msg.reply and msg.reply.startswith("$JS.ACK."):
                 self._got += 1
                 try:
