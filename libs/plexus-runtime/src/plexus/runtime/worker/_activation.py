@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections import OrderedDict, deque
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import islice
@@ -86,10 +86,9 @@ class Activation:
     unsaved: int = 0
     #: The progress sequence as of the last commit (a one-write commit logs it when it moved).
     saved_progress_seq: int = 0
-    #: The newest `REPLY_MEMORY` handled ids, oldest first (None until `remember` first scans), and the
-    #: size of the replies kept among them: `remember`'s usual case needs no scan.
-    _recent: deque[str] | None = None
-    _kept: int = 0
+    #: The size of the replies kept among the newest `REPLY_MEMORY` handled ids (-1 until `remember` first
+    #: scans them): `remember`'s usual case needs no scan.
+    _kept: int = -1
 
     @property
     def saved_state(self) -> bytes:
@@ -161,17 +160,15 @@ class Activation:
         handled.move_to_end(message_id)
         while len(handled) > HANDLED_MEMORY:
             handled.popitem(last=False)
-        recent = self._recent
-        if known or recent is None:
+        if known or self._kept < 0:
             self._trim_replies(reply_budget)
             return
-        # The usual case, without a scan: a new id enters the newest REPLY_MEMORY, the oldest of them leaves
-        # (its reply with it), and while the replies kept there fit the budget all of them stay — what the
-        # scan would decide.
-        recent.append(message_id)
-        if len(recent) > REPLY_MEMORY:
-            leaving = recent.popleft()
-            left = handled.get(leaving)
+        # The usual case, without a scan: a new id enters the newest REPLY_MEMORY, the one it pushes out
+        # leaves with its reply, and while the replies kept there fit the budget all of them stay — what
+        # the scan would decide.
+        leaving = next(islice(reversed(handled), REPLY_MEMORY, None), None)
+        if leaving is not None:
+            left = handled[leaving]
             if left is not None:
                 handled[leaving] = None
                 self._kept -= len(left)
@@ -186,7 +183,7 @@ class Activation:
         # Older entries hold no reply already (each call clears the one leaving the window; see also
         # `_with_recent_replies`), so only the newest REPLY_MEMORY + 1 need a look.
         size = 0
-        newest = list(islice(reversed(handled.items()), REPLY_MEMORY + 1))
+        newest = islice(reversed(handled.items()), REPLY_MEMORY + 1)
         for position, (mid, stored) in enumerate(newest):  # setting a value keeps the order
             if stored is None:
                 continue
@@ -194,7 +191,6 @@ class Activation:
                 size += len(stored)
             else:
                 handled[mid] = None
-        self._recent = deque(mid for mid, _ in reversed(newest[:REPLY_MEMORY]))
         self._kept = size
 
     def document(self, state: StateParts | bytes) -> bytes:
