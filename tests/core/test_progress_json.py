@@ -78,6 +78,12 @@ def test_a_progress_event_is_the_models_bytes(
         {"ts": float("inf")},
         {"metadata": {"x": float("nan")}},
         {"metadata": {1: "non-str key"}},
+        # Values the quick metadata path leaves to the model: big ints, tuples, exponent floats, deep bags.
+        {"metadata": {"big": 2**70, "neg": -(2**64)}},
+        {"metadata": {"pair": (1, 2)}},
+        {"metadata": {"small": 1e-7, "large": 1e17, "zero": -0.0}},
+        {"metadata": {"deep": {"a": {"b": {"c": {"d": {"e": {"f": {"g": {"h": {"i": 1}}}}}}}}}}},
+        {"metadata": {"z": {"b": 1, "a": [{"d": 2, "c": None}]}, "a": True}},  # sorted at every depth
         {"content": [{"type": "text", "text": "a dict, not a block"}]},
         {"content": [{"type": "image"}]},
         {"content": ["not a block"]},

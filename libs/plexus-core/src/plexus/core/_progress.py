@@ -89,6 +89,30 @@ _METADATA: TypeAdapter[dict[str, Any]] = TypeAdapter(Metadata)
 #: The run ids of recent events, parsed: every event of a run repeats them. Failures are not cached.
 _parsed_run_id = functools.lru_cache(maxsize=1024)(RunId.parse)
 _ENCODER = msgspec.json.Encoder()
+_SORTED_ENCODER = msgspec.json.Encoder(order="sorted")
+#: Nesting a metadata bag may have for the quick path (deeper ones take the model's way).
+_PLAIN_DEPTH = 8
+
+
+def _plain_json(value: object, depth: int) -> bool:
+    """Whether msgspec writes `value` exactly as the metadata model does: dicts with string keys, lists,
+    strings, bools, None, ints within 64 bits and floats it formats alike (no exponent)."""
+    kind = type(value)
+    if kind is str or kind is bool or value is None:
+        return True
+    if kind is int:
+        return -(2**63) <= value < 2**63  # type: ignore[operator]
+    if kind is float:
+        return value == 0.0 or 1e-4 <= abs(value) < 1e15  # type: ignore[arg-type]  # (NaN fails both)
+    if depth >= _PLAIN_DEPTH:
+        return False
+    if kind is dict:
+        return all(type(k) is str and _plain_json(v, depth + 1) for k, v in value.items())  # type: ignore[attr-defined]
+    if kind is list:
+        return all(_plain_json(v, depth + 1) for v in value)  # type: ignore[attr-defined]
+    return False
+
+
 _EMPTY = msgspec.Raw(b"{}")
 _NO_CONTENT = msgspec.Raw(b"[]")
 
@@ -137,10 +161,13 @@ def progress_event_json(
     )
     meta = _EMPTY
     if fast and metadata:
-        try:
-            meta = msgspec.Raw(_METADATA.dump_json(_METADATA.validate_python(dict(metadata))))
-        except ValueError:  # the model says what is wrong, at its own location
-            fast = False
+        if _plain_json(metadata, 0):  # the common bag (ids, counts, names): sorted as the model sorts it
+            meta = msgspec.Raw(_SORTED_ENCODER.encode(metadata))
+        else:
+            try:
+                meta = msgspec.Raw(_METADATA.dump_json(_METADATA.validate_python(dict(metadata))))
+            except ValueError:  # the model says what is wrong, at its own location
+                fast = False
     if not fast:
         event = AgentProgress(
             agent_id=agent_id,
