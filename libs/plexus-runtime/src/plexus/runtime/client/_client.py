@@ -42,6 +42,7 @@ from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore, check_payload_size, headers_size
 from plexus.runtime.store._eventlog import EventLog
+from plexus.runtime.store._gets import StreamGets
 from plexus.runtime.store._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
 from plexus.runtime.store._subscriptions import Subscription, SubscriptionTable
 from plexus.runtime.store._topology import Topology, ensure_topology
@@ -109,6 +110,7 @@ class Runtime(RunsClient):
             artifacts=self.artifacts,
             registry_view=self._registry_cache,
             acks=DeferredAcks(nc),
+            gets=StreamGets(nc),
         )
         self._delivery = Delivery(self._connection)
         self.orchestrator = OrchestratorClient(self._connection)
@@ -201,6 +203,7 @@ class Runtime(RunsClient):
 
     async def close(self) -> None:
         self._delivery.replies.cancel_all()
+        self._connection.gets.cancel_all()
         with contextlib.suppress(Exception):
             await self.subscriptions.stop()
         with contextlib.suppress(Exception):
@@ -448,6 +451,7 @@ class Runtime(RunsClient):
             stream=self.topology.names.events_stream,
             subject=subjects.evlog(agent_id.type, agent_id.key),
             publish=self._connection.acks.publish_acked,
+            get_last_msg=self._connection.gets.get_last_msg,
         )
 
 

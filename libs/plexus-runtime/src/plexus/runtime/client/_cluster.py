@@ -180,8 +180,8 @@ class RunControl:
             # that has not applied the orchestrator's last write yet, and a preempted agent that read
             # "running" there went on working while suspended (found by the e2e suite on R3).
             bucket = self.rt.topology.names.runs_bucket
-            entry = await self.rt.js.get_msg(
-                f"KV_{bucket}", subject=f"$KV.{bucket}.{run_key(escape_token(run_id))}", direct=False
+            entry = await self.rt.gets.get_last_msg(
+                f"KV_{bucket}", f"$KV.{bucket}.{run_key(escape_token(run_id))}"
             )
             record = msgspec.json.decode(entry.data, type=RunRecord) if entry.data else None
         except Exception:
@@ -250,7 +250,7 @@ class ClusterSupervisor:
                 )
                 for dimension, delta in moved
             ),
-            *(self.rt.js.get_last_msg(stream, self._counter(run, d)) for d in unmoved),
+            *(self.rt.gets.get_last_msg(stream, self._counter(run, d)) for d in unmoved),
             return_exceptions=True,
         )
         totals: dict[str, int] = {}
@@ -276,7 +276,7 @@ class ClusterSupervisor:
         names = [dimension for dimension, limit in _DIMENSIONS if limits.get(limit) is not None]
         ended, *found = await asyncio.gather(
             self.control.terminal_error(run),
-            *(self.rt.js.get_last_msg(stream, self._counter(run, d)) for d in names),
+            *(self.rt.gets.get_last_msg(stream, self._counter(run, d)) for d in names),
             return_exceptions=True,
         )
         if isinstance(ended, BaseException):  # the run's end (returned) or its read's failure (raised)

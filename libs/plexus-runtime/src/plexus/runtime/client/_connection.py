@@ -14,6 +14,7 @@ from nats.js import JetStreamContext
 
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore
+from plexus.runtime.store._gets import StreamGets
 from plexus.runtime.store._registry import Registry, RegistryCache
 from plexus.runtime.store._topology import Topology
 from plexus.runtime.wire._subjects import Subjects
@@ -37,6 +38,8 @@ class Connection:
     registry_view: RegistryCache
     #: JetStream publishes over one ack subscription (`js.publish` without a request per message).
     acks: DeferredAcks
+    #: Last-message reads of a stream subject (`js.get_last_msg` without a request per read).
+    gets: StreamGets
 
     def subjects_for(self, namespace: str | None = None) -> Subjects:
         """The subject builders of `namespace` (default: this connection's namespace)."""

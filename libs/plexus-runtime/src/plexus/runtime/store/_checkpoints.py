@@ -15,12 +15,13 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
 from plexus.core import KernelError
 
 from ._artifacts import check_payload_size, headers_size, max_payload_of
+from ._eventlog import GetLastMsg
 
 __all__ = ["DEFAULT_CHECKPOINTS_BUCKET", "Checkpoint", "CheckpointConflictError", "CheckpointStore"]
 
@@ -29,6 +30,8 @@ DEFAULT_CHECKPOINTS_BUCKET = "plexus_checkpoints"
 _KEY_RE = re.compile(r"[-/_=.a-zA-Z0-9]+")  # what the KV API accepts as a key
 _WRONG_LAST_SEQ_CODES = (10071, 10164)
 _EXPECTED_HEADER = "Nats-Expected-Last-Subject-Sequence"
+_KV_OPERATION = "KV-Operation"
+_KV_REMOVED = ("DEL", "PURGE")  # a key's delete and purge markers: no value
 
 
 class CheckpointConflictError(KernelError):
@@ -59,12 +62,26 @@ class Checkpoint:
 class CheckpointStore:
     """Compare-and-swap access to checkpoints in a KV bucket."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(
+        self, kv: KeyValue, *, bucket: str | None = None, get_last_msg: GetLastMsg | None = None
+    ) -> None:
+        """``get_last_msg`` (with the ``bucket``'s name): how `load` reads, instead of ``kv.get`` (the
+        runtime passes its connection's multiplexed reads; both read the stream's leader)."""
         self._kv = kv
+        self._reads = (bucket, get_last_msg) if bucket is not None and get_last_msg is not None else None
 
     async def load(self, key: str) -> Checkpoint | None:
         """The current checkpoint of ``key``, or None when there is none (never saved or deleted)."""
         _check_key(key)
+        if self._reads is not None:
+            bucket, get_last_msg = self._reads
+            try:
+                msg = await get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+            except NotFoundError:  # no such key (or bucket), as ``kv.get`` reads it
+                return None
+            if (msg.headers or {}).get(_KV_OPERATION) in _KV_REMOVED:
+                return None
+            return Checkpoint(state=msg.data or b"", revision=msg.seq or 0)
         try:
             entry = await self._kv.get(key)
         except KeyNotFoundError:

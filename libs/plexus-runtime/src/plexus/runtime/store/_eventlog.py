@@ -25,14 +25,22 @@ from typing import Generic, Protocol, TypeVar, overload
 import msgspec
 import nats.errors
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy, PubAck
+from nats.js.api import ConsumerConfig, DeliverPolicy, PubAck, RawStreamMsg
 from nats.js.errors import APIError, NotFoundError
 
 from plexus.core import ConcurrentAppendError, KernelMessage, UnknownMessage, entry_from_json, entry_to_json
 
 from ._artifacts import safe_publish
 
-__all__ = ["DEFAULT_EVENTS_STREAM", "EventLog", "EventLogEntry", "LogRecord", "LogTail", "Publish"]
+__all__ = [
+    "DEFAULT_EVENTS_STREAM",
+    "EventLog",
+    "EventLogEntry",
+    "GetLastMsg",
+    "LogRecord",
+    "LogTail",
+    "Publish",
+]
 
 T = TypeVar("T")
 
@@ -67,13 +75,20 @@ class Publish(Protocol):
     ) -> Awaitable[PubAck]: ...
 
 
+class GetLastMsg(Protocol):
+    """How the log's last batch is read: ``js.get_last_msg``'s contract (the message, or its errors)."""
+
+    def __call__(self, stream: str, subject: str) -> Awaitable[RawStreamMsg]: ...
+
+
 class EventLog(Generic[T]):
     """The EventLog of one agent: ``subject`` in ``stream``, entries converted by ``encode``/``decode``.
 
     ``encode`` must return one JSON value as bytes (entries are packed into a JSON array); the default
     codec is `entry_to_json` / `entry_from_json`. ``timeout`` bounds every server round trip and, in
     `read`, the wait for the next stored message. ``publish`` sends an append (default: ``js.publish``;
-    the runtime passes its connection's one multiplexed publisher), with ``js.publish``'s errors.
+    the runtime passes its connection's one multiplexed publisher), with ``js.publish``'s errors;
+    ``get_last_msg`` reads the last batch (default: ``js.get_last_msg``; the runtime passes its connection's).
     """
 
     @overload
@@ -87,6 +102,7 @@ class EventLog(Generic[T]):
         decode: None = None,
         timeout: float = ...,
         publish: Publish | None = ...,
+        get_last_msg: GetLastMsg | None = ...,
     ) -> None: ...
 
     @overload
@@ -100,6 +116,7 @@ class EventLog(Generic[T]):
         decode: Callable[[bytes], T],
         timeout: float = ...,
         publish: Publish | None = ...,
+        get_last_msg: GetLastMsg | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -112,6 +129,7 @@ class EventLog(Generic[T]):
         decode: Callable[[bytes], T] | None = None,
         timeout: float = 5.0,
         publish: Publish | None = None,
+        get_last_msg: GetLastMsg | None = None,
     ) -> None:
         if not subject or any(c in subject for c in " \t\r\n*>"):
             raise ValueError(f"EventLog subject must be a literal subject without wildcards, got {subject!r}")
@@ -127,6 +145,7 @@ class EventLog(Generic[T]):
         self._decode: Callable[[bytes], T] = decode if decode is not None else entry_from_json  # type: ignore[assignment]
         self._timeout = timeout
         self._publish = publish
+        self._get_last_msg: GetLastMsg = get_last_msg or self._js_get_last_msg
 
     # -- writing -------------------------------------------------------------------------------------
     async def append(self, entries: Sequence[T], expected_seq: int, *, msg_id: str | None = None) -> int:
@@ -208,7 +227,7 @@ class EventLog(Generic[T]):
     async def last_seq(self) -> int:
         """The stream sequence of the log's last batch; 0 when the log is empty."""
         try:
-            msg = await self._js.get_last_msg(self.stream, self.subject)
+            msg = await self._get_last_msg(self.stream, self.subject)
         except NotFoundError as exc:
             if exc.err_code == _NO_MESSAGE_FOUND:
                 return 0
@@ -251,7 +270,7 @@ class EventLog(Generic[T]):
         if when.tzinfo is None:
             when = when.replace(tzinfo=datetime.UTC)  # nats-py reads a naive time as UTC too
         try:
-            last_msg = await self._js.get_last_msg(self.stream, self.subject)
+            last_msg = await self._get_last_msg(self.stream, self.subject)
         except NotFoundError as exc:
             if exc.err_code == _NO_MESSAGE_FOUND:
                 return []
@@ -290,6 +309,9 @@ class EventLog(Generic[T]):
         return LogTail(self, max(from_seq, 1))
 
     # -- internals -----------------------------------------------------------------------------------
+    async def _js_get_last_msg(self, stream: str, subject: str) -> RawStreamMsg:
+        return await self._js.get_last_msg(stream, subject)
+
     async def _subscribe(self, start: int) -> JetStreamContext.PushSubscription:
         config = ConsumerConfig(opt_start_seq=start)
         return await self._js.subscribe(
@@ -309,7 +331,7 @@ class EventLog(Generic[T]):
 
     async def _seq_if_last_is(self, msg_id: str) -> int | None:
         try:
-            msg = await self._js.get_last_msg(self.stream, self.subject)
+            msg = await self._get_last_msg(self.stream, self.subject)
         except NotFoundError:
             return None
         headers = msg.headers or {}

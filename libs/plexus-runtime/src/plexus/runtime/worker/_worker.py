@@ -106,7 +106,11 @@ class Worker(Upkeep):
 
         self._mailboxes: Mailboxes[AgentId, _Work] = Mailboxes(self._run_one, self.config.concurrency)
         self._activations = ActivationTable(
-            CheckpointStore(runtime.topology.checkpoints),
+            CheckpointStore(
+                runtime.topology.checkpoints,
+                bucket=runtime.topology.names.checkpoints_bucket,
+                get_last_msg=runtime.connection.gets.get_last_msg,
+            ),
             lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
             lambda aid: runtime.event_log(aid).last_seq(),
             lambda aid, seq: self._committer.logged_since(aid, seq),

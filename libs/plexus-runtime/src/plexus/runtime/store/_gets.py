@@ -1,0 +1,94 @@
+"""A subject's last stored message, read from the stream's leader over the connection's multiplexed inbox.
+
+``js.get_last_msg`` (and a KV get, which is one) is a core request through nats-py: an OS random token, a
+second id, a wrapper task and a timer per call, and a stream-name check — the larger part of the reads a new
+activation makes (its checkpoint and its EventLog's last sequence) and of every budget check. `StreamGets`
+sends the same ``STREAM.MSG.GET`` request (the leader answers, as nats-py's non-direct get does) on
+`MultiplexedInbox` and returns what nats-py returns, or raises what it raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import itertools
+
+import msgspec
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
+from nats.js import api as js_api
+
+from plexus.runtime.store._inbox import MultiplexedInbox
+
+__all__ = ["StreamGets"]
+
+_API = "$JS.API"
+_encode = msgspec.json.Encoder().encode
+_decode = msgspec.json.decode
+
+
+class _NoResponders(Exception):
+    """No JetStream answered (JetStream disabled or the API unreachable); raised as nats-py's error."""
+
+
+class StreamGets(MultiplexedInbox[Msg]):
+    """``js.get_last_msg`` over one subscription per connection (see the module docstring)."""
+
+    no_responders = _NoResponders
+
+    def __init__(self, nc: NATS, timeout_s: float = 5.0, api_prefix: str = _API) -> None:
+        super().__init__(nc)
+        self.timeout_s = timeout_s
+        self._api = api_prefix
+        self._tokens = itertools.count()
+
+    async def get_last_msg(self, stream: str, subject: str) -> js_api.RawStreamMsg:
+        """The last message stored on `subject` in `stream`: `js.get_last_msg`'s answer and errors
+        (`NotFoundError` with err_code 10037 when there is none, `ServiceUnavailableError` when no JetStream
+        answers, `nats.errors.TimeoutError`)."""
+        if not stream or any(c in stream for c in ". \t\r\n*>"):
+            raise ValueError(f"invalid stream name {stream!r}")
+        await self.start()
+        reply, future = self.expect(str(next(self._tokens)))
+        try:
+            await self.nc.publish(
+                f"{self._api}.STREAM.MSG.GET.{stream}", _encode({"last_by_subj": subject}), reply=reply
+            )
+        except BaseException:
+            future.cancel()
+            raise
+        try:
+            msg = await self.answer(future, self.timeout_s, nats.errors.TimeoutError)
+        except _NoResponders:
+            raise nats.js.errors.ServiceUnavailableError from None
+        finally:
+            future.cancel()  # no-op once answered
+        return _stored_message(msg.data)
+
+    def _resolve(self, msg: Msg, future: asyncio.Future[Msg]) -> None:
+        future.set_result(msg)
+
+
+def _stored_message(data: bytes) -> js_api.RawStreamMsg:
+    response = _decode(data)
+    if not isinstance(response, dict):
+        raise nats.js.errors.Error(f"undecodable stream message response: {data[:64]!r}")
+    if "error" in response:
+        nats.js.errors.APIError.from_error(response["error"])  # raises the typed error it builds
+    raw: js_api.RawStreamMsg = js_api.RawStreamMsg.from_response(response["message"])
+    if raw.hdrs:
+        raw.headers = _headers(base64.b64decode(raw.hdrs))
+    raw.data = base64.b64decode(raw.data) if raw.data else None
+    return raw
+
+
+def _headers(block: bytes) -> dict[str, str] | None:
+    """The headers of a stored ``NATS/1.0`` header block (its status line skipped)."""
+    headers: dict[str, str] = {}
+    for line in block.split(b"\r\n")[1:]:
+        name, sep, value = line.partition(b":")
+        if sep and name:
+            headers[name.decode().strip()] = value.decode().strip()
+    return headers or None
