@@ -51,6 +51,8 @@ _DIMENSIONS = (("tokens", "max_tokens"), ("cost_micros", "max_cost_usd"), ("turn
 
 
 _tracer = trace.get_tracer("plexus.runtime")
+#: How long a budget increment's ack is awaited (an outage past it fails the consume, typed).
+_INCREMENT_TIMEOUT_S = 5.0
 
 
 class OrchestratorClient:
@@ -243,21 +245,24 @@ class ClusterSupervisor:
         limits = run.budget or {}
         unmoved = [d for d, limit in _DIMENSIONS if limits.get(limit) is not None and not deltas[d]]
         stream = self.rt.topology.names.counters_stream
-        results: list[Any] = await asyncio.gather(
-            *(
-                self.rt.nc.request(
-                    self._counter(run, dimension), b"", headers={"Nats-Incr": str(delta)}, timeout=5
-                )
-                for dimension, delta in moved
-            ),
-            *(self.rt.gets.get_last_msg(stream, self._counter(run, d)) for d in unmoved),
-            return_exceptions=True,
-        )
+        acks = self.rt.acks  # an increment is a JetStream publish whose ack carries the new total
+        increments = [
+            await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})
+            for dimension, delta in moved
+        ]
+        try:
+            results: list[Any] = await asyncio.gather(
+                *(acks.answer(f, _INCREMENT_TIMEOUT_S, NatsTimeoutError) for f in increments),
+                *(self.rt.gets.get_last_msg(stream, self._counter(run, d)) for d in unmoved),
+                return_exceptions=True,
+            )
+        finally:
+            acks.forget(increments)
         totals: dict[str, int] = {}
-        for (dimension, _), reply in zip(moved, results, strict=False):
-            if isinstance(reply, BaseException):
-                raise reply  # an increment that failed: the usage is not counted
-            totals[dimension] = int(json.loads(reply.data)["val"])
+        for (dimension, _), answer in zip(moved, results, strict=False):
+            if isinstance(answer, BaseException):
+                raise answer  # an increment that failed: the usage is not counted
+            totals[dimension] = int(answer["val"])
         for dimension, read in zip(unmoved, results[len(moved) :], strict=True):
             total = _counter_value(read)
             if total is not None:
