@@ -9,7 +9,9 @@
 - overlapping activations: two completed executions of one key on different processes overlapping in time,
   except a zombie's tail: a handler frozen mid-body (SIGSTOP) finishes its last instructions when resumed,
   before it can learn that its lease is gone; its effects are fenced (the state checks above prove it), so
-  such overlaps are counted apart (`zombie_tails`), not as violations;
+  such overlaps are counted apart (`zombie_tails`), not as violations; so is a handler whose first line runs
+  within `_RESUME_GRACE_S` of its process being resumed (the worker looks at its lease right before a handler
+  begins, so only a freeze inside that last synchronous step leaves one), also when it re-ran a message;
 - stuck runs: a run tree not ended after the load stopped; budget overshoot: a tree's tokens beyond its
   budget plus the increments that could be in flight (one per leaf);
 - recovery: per fault, the time until every key was answered again.
@@ -137,12 +139,18 @@ async def _check_key(
         report.re_executions_before_commit += max(0, len(starts) - 1)
         if n in answered:
             late = [s for s in starts if s["t"] > answered[n] + 0.001]
-            report._count("re_executed_after_commit", len(late), f"{key}#{n}: ran again after its answer")
+            resumed = [s for s in late if _resumed_into((s["t"], s["t"], s["pid"]), stalls)]
+            report.zombie_tails += len(resumed)
+            report._count(
+                "re_executed_after_commit", len(late) - len(resumed), f"{key}#{n}: ran again after its answer"
+            )
         ends = {(line["pid"]): line["t"] for line in lines if line["k"] == "end"}
         spans += [(s["t"], ends[s["pid"]], s["pid"]) for s in starts if s["pid"] in ends]
     spans.sort()
     overlaps = [(a, b) for a, b in itertools.pairwise(spans) if b[0] < a[1] and b[2] != a[2]]
-    tails = [p for p in overlaps if any(_frozen_in(span, stalls) for span in p)]
+    tails = [
+        p for p in overlaps if any(_frozen_in(span, stalls) or _resumed_into(span, stalls) for span in p)
+    ]
     report.zombie_tails += len(tails)
     real = len(overlaps) - len(tails)
     report._count("overlapping_activations", real, f"{key}: {real} overlapping executions {overlaps[:3]}")
@@ -169,6 +177,19 @@ def _frozen_in(span: tuple[float, float, int], stalls: list[tuple[int, float, fl
     """Whether this execution's process was frozen (SIGSTOP) while it ran."""
     start, end, pid = span
     return any(pid == stalled and start <= healed and end >= at for stalled, at, healed in stalls)
+
+
+#: How soon after a frozen process is resumed its first instructions run: a handler it had already decided
+#: to start (its lease fresh then) begins within this, before it can look at its lease again.
+_RESUME_GRACE_S = 0.1
+
+
+def _resumed_into(span: tuple[float, float, int], stalls: list[tuple[int, float, float]]) -> bool:
+    """Whether this execution began as its process was resumed (SIGCONT): decided before the freeze."""
+    start, _, pid = span
+    return any(
+        pid == stalled and healed <= start <= healed + _RESUME_GRACE_S for stalled, _, healed in stalls
+    )
 
 
 def _executions(workdir: Path) -> dict[str, dict[int, list[dict[str, Any]]]]:

@@ -116,6 +116,8 @@ class Worker(Upkeep):
             lambda aid, seq: self._committer.logged_since(aid, seq),
         )
         self._committer = Committer(runtime, self._activations)
+        #: Durable work by its handler's context while it runs: `_invoke` looks at its lease once more.
+        self._starting: dict[int, _Work] = {}
         self._intake = Intake(app, runtime, self.worker_id)
         self._topics = TopicReceiver(app, runtime, self._intake, self._mailboxes)
 
@@ -460,10 +462,13 @@ class Worker(Upkeep):
             _backend=self._backend,
         )
         self._backend.bind(ctx, activation)
+        if work.durable:
+            self._starting[id(ctx)] = work
         try:
             reply = await self._execute(activation, work, ctx)
         finally:
             self._backend.unbind(ctx)
+            self._starting.pop(id(ctx), None)
         if work.lease_lost:
             raise _LeaseLost()
         if not reply.ok and work.durable:
@@ -525,6 +530,13 @@ class Worker(Upkeep):
             return Reply(id=env.id, ok=False, error=error.to_wire(), handled_by=self.worker_id)
 
     async def _invoke(self, inp: HandleInput) -> list[BaseBlock] | None:
+        work = self._starting.get(id(inp.ctx))
+        if work is not None and not self._may_start(work):
+            # The last look before the handler's code: the process may have been frozen (SIGSTOP, a stalled
+            # VM) since the start check, past its lease; the new owner runs the message, this handler must
+            # not begin (its commit would be fenced, its other effects would not). Ends as a lost lease.
+            work.lease_lost = True
+            return None
         result = await inp.agent.on_message(inp.blocks, inp.ctx)
         await self._backend.progress_stored(inp.ctx)  # its progress is stored before its result counts
         return result
