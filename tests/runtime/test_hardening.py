@@ -238,8 +238,8 @@ async def test_control_notice_decoders_treat_any_exception_as_bad_input(served: 
     """Item 2 (pause/cancel notices): these raised out of the subscription callback with a traceback."""
     worker = served.worker
     msg = Msg(worker.rt.nc, subject="px.default.ctl.pause.r", data=data)
-    await worker._on_pause(msg)  # raised before the fix
-    await worker._on_cancel(msg)
+    await worker._run_control.on_pause_notice(msg)  # raised before the fix
+    await worker._run_control.on_cancel_notice(msg)
     await _still_serving(served, f"k-{uuid.uuid4().hex[:12]}")
 
 

@@ -14,10 +14,18 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import msgspec
+from nats.aio.msg import Msg
+
 from plexus.core import AgentCrashError, BaseBlock, CancellationError, KernelError, RetryPolicy
 from plexus.runtime._context import Context
 from plexus.runtime.client._cluster import OrchestratorClient, RunControl
-from plexus.runtime.wire._orchestration import CrashReport, attempt_counter_subject
+from plexus.runtime.wire._orchestration import (
+    CancelNotice,
+    CrashReport,
+    PauseNotice,
+    attempt_counter_subject,
+)
 from plexus.runtime.wire._subjects import escape_token
 
 from ._interceptors import HandleInput, HandleNext, Interceptor
@@ -39,6 +47,23 @@ class RunControlInterceptor(Interceptor):
         self.control = control
         self.grace_s = grace_s
         self.inflight: dict[str, set[Context]] = {}
+
+    async def on_cancel_notice(self, msg: Msg) -> None:
+        """A broadcast cancellation (``ctl.cancel.*``): remembered; the tree's running handlers cancelled."""
+        try:  # any exception: deep nesting, bad UTF-8 and unbuildable errors are bad input, not crashes
+            notice = msgspec.json.decode(msg.data, type=CancelNotice)
+            self.control.on_cancel(notice)
+        except Exception as exc:
+            log.warning("ignoring a malformed cancel notice on %s: %s", msg.subject, type(exc).__name__)
+            return
+        self.cancel_tree(notice.root_id, notice.reason)
+
+    async def on_pause_notice(self, msg: Msg) -> None:
+        """A broadcast pause or resume (``ctl.pause.*``)."""
+        try:
+            self.control.on_pause(msgspec.json.decode(msg.data, type=PauseNotice))
+        except Exception as exc:
+            log.warning("ignoring a malformed pause notice on %s: %s", msg.subject, type(exc).__name__)
 
     def cancel_tree(self, root_id: str, reason: str) -> int:
         contexts = self.inflight.get(root_id, set())

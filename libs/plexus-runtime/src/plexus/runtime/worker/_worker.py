@@ -54,7 +54,6 @@ from plexus.runtime.wire._envelope import (
     encode_reply,
     payload_from_blocks,
 )
-from plexus.runtime.wire._orchestration import CancelNotice, PauseNotice
 from plexus.runtime.wire._subjects import checkpoint_key, escape_token
 
 from ._activation import Activation, ActivationTable
@@ -166,10 +165,14 @@ class Worker(Upkeep):
         # handlers must still be cancellable and pausable. They once came after the first rebalance, which
         # takes seconds on R3: a run preempted meanwhile was never paused (found by the e2e suite on R3).
         self._control_subs.append(
-            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.cancel.*", cb=self._on_cancel)
+            await self.rt.nc.subscribe(
+                f"{self.rt.prefix}.{ns}.ctl.cancel.*", cb=self._run_control.on_cancel_notice
+            )
         )
         self._control_subs.append(
-            await self.rt.nc.subscribe(f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._on_pause)
+            await self.rt.nc.subscribe(
+                f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._run_control.on_pause_notice
+            )
         )
         for agent_type in self.app.types.values():
             await self.rt.registry.register_type(
@@ -225,21 +228,6 @@ class Worker(Upkeep):
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
         self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
-
-    async def _on_cancel(self, msg: Msg) -> None:
-        try:  # any exception: deep nesting, bad UTF-8 and unbuildable errors are bad input, not crashes
-            notice = msgspec.json.decode(msg.data, type=CancelNotice)
-            self.control.on_cancel(notice)
-        except Exception as exc:
-            log.warning("ignoring a malformed cancel notice on %s: %s", msg.subject, type(exc).__name__)
-            return
-        self._run_control.cancel_tree(notice.root_id, notice.reason)
-
-    async def _on_pause(self, msg: Msg) -> None:
-        try:
-            self.control.on_pause(msgspec.json.decode(msg.data, type=PauseNotice))
-        except Exception as exc:
-            log.warning("ignoring a malformed pause notice on %s: %s", msg.subject, type(exc).__name__)
 
     async def stop(self, drain_timeout: float = 30.0) -> None:
         """Graceful: stop pulling, finish in-flight work, release partitions, deregister."""
