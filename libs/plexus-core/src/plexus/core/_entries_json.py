@@ -40,9 +40,7 @@ def kernel_entry_json(
     one msgspec would write differently from pydantic (build the model then). For a package's own entry
     types on a hot path; a test compares its bytes with the model's."""
     ts = _fast_timestamp(timestamp)
-    if ts is None:
-        return None
-    return _ENCODER.encode({"type": entry_type, "timestamp": ts, "id": mint_ulid(ts), **fields})
+    return None if ts is None else _written(entry_type, ts, fields)
 
 
 def received_entry_json(
@@ -68,7 +66,7 @@ def received_entry_json(
         )
         return entry.__pydantic_serializer__.to_json(entry)
     fields = {"run_id": run_id, "agent_id": agent_id, "message_id": message_id, "sender": sender}
-    return _ENCODER.encode({"type": "msg.received", "timestamp": ts, "id": mint_ulid(ts), **fields})
+    return _written("msg.received", ts, fields)
 
 
 def reply_entry_json(text: str, *, timestamp: float | None = None) -> bytes:
@@ -77,4 +75,9 @@ def reply_entry_json(text: str, *, timestamp: float | None = None) -> bytes:
     if ts is None or type(text) is not str:
         entry = ReplyMessage(text=text, **({} if timestamp is None else {"timestamp": timestamp}))
         return entry.__pydantic_serializer__.to_json(entry)
-    return _ENCODER.encode({"type": "reply", "timestamp": ts, "id": mint_ulid(ts), "text": text})
+    return _written("reply", ts, {"text": text})
+
+
+def _written(entry_type: str, ts: float, fields: Mapping[str, str | int | None]) -> bytes:
+    """A `KernelMessage`'s JSON: its type, its timestamp, an id minted from that timestamp, its fields."""
+    return _ENCODER.encode({"type": entry_type, "timestamp": ts, "id": mint_ulid(ts), **fields})

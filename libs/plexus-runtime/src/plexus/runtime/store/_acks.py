@@ -11,7 +11,6 @@ API error (its reply handler raises instead), so a refused message would only sh
 from __future__ import annotations
 
 import asyncio
-import itertools
 from collections.abc import Iterable
 from typing import Any
 
@@ -37,20 +36,12 @@ class DeferredAcks(MultiplexedInbox[dict[str, Any]]):
     def __init__(self, nc: NATS, timeout_s: float = 5.0) -> None:
         super().__init__(nc)
         self.timeout_s = timeout_s
-        self._tokens = itertools.count()
 
     async def publish(
         self, subject: str, data: bytes, headers: dict[str, str] | None = None
     ) -> asyncio.Future[dict[str, Any]]:
         """Publish `data` to a stream's `subject` now; the future holds the ack (or the publish's error)."""
-        await self.start()
-        reply, future = self.expect(str(next(self._tokens)))
-        try:
-            await self.nc.publish(subject, data, reply=reply, headers=headers)
-        except BaseException:
-            future.cancel()
-            raise
-        return future
+        return await self.request(subject, data, headers)
 
     async def publish_acked(
         self,

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import itertools
 
 import msgspec
 import nats.errors
@@ -42,7 +41,6 @@ class StreamGets(MultiplexedInbox[Msg]):
         super().__init__(nc)
         self.timeout_s = timeout_s
         self._api = api_prefix
-        self._tokens = itertools.count()
 
     async def get_last_msg(self, stream: str, subject: str) -> js_api.RawStreamMsg:
         """The last message stored on `subject` in `stream`: `js.get_last_msg`'s answer and errors
@@ -50,15 +48,9 @@ class StreamGets(MultiplexedInbox[Msg]):
         answers, `nats.errors.TimeoutError`)."""
         if not stream or any(c in stream for c in ". \t\r\n*>"):
             raise ValueError(f"invalid stream name {stream!r}")
-        await self.start()
-        reply, future = self.expect(str(next(self._tokens)))
-        try:
-            await self.nc.publish(
-                f"{self._api}.STREAM.MSG.GET.{stream}", _encode({"last_by_subj": subject}), reply=reply
-            )
-        except BaseException:
-            future.cancel()
-            raise
+        future = await self.request(
+            f"{self._api}.STREAM.MSG.GET.{stream}", _encode({"last_by_subj": subject})
+        )
         try:
             msg = await self.answer(future, self.timeout_s, nats.errors.TimeoutError)
         except _NoResponders:

@@ -10,6 +10,7 @@ what an answer means (`_resolve`) and what "no responders" raises.
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -37,6 +38,7 @@ class MultiplexedInbox(Generic[T]):
         self._pending: dict[str, asyncio.Future[T]] = {}
         self._subscribed = False
         self._subscribing = asyncio.Lock()
+        self._tokens = itertools.count()
 
     async def start(self) -> None:
         """Subscribe (once; concurrent first callers share the subscription)."""
@@ -59,6 +61,19 @@ class MultiplexedInbox(Generic[T]):
 
         future.add_done_callback(done)
         return f"{self.prefix}.{token}", future
+
+    async def request(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> asyncio.Future[T]:
+        """Publish `data` to `subject` now, answered on a fresh token; the future holds the answer."""
+        await self.start()
+        reply, future = self.expect(str(next(self._tokens)))
+        try:
+            await self.nc.publish(subject, data, reply=reply, headers=headers)
+        except BaseException:
+            future.cancel()
+            raise
+        return future
 
     @staticmethod
     async def answer(future: asyncio.Future[T], timeout: float, expired: Callable[[], Exception]) -> T:
