@@ -32,6 +32,7 @@ from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._registry import type_ref
 from plexus.runtime.wire._envelope import Reply
 from plexus.runtime.worker._activation import (
+    NO_IDS,
     REPLY_MAX_BYTES,
     Activation,
     ActivationTable,
@@ -155,10 +156,10 @@ class Committer:
             )
         if env.id in activation.logged:
             # Logged by a worker that died before its checkpoint: the entries are there already.
-            activation.logged.discard(env.id)
+            activation.logged = activation.logged - {env.id}
         else:
             log = self.rt.event_log(work.agent_id)
-            async with activation.log_lock:
+            async with activation.log_turn():
                 try:
                     activation.log_seq = await log.append_encoded(encoded, expected_seq=activation.log_seq)
                 except PayloadTooLargeError:
@@ -208,4 +209,9 @@ class Committer:
             if isinstance(r.entry, MessageCommitted)
         ]
         done = {c.message_id for c in committed}
-        return LoggedSince(received - done, committed, max((r.seq for r in records), default=0))
+        unfinished = received - done
+        return LoggedSince(
+            frozenset(unfinished) if unfinished else NO_IDS,
+            committed,
+            max((r.seq for r in records), default=0),
+        )

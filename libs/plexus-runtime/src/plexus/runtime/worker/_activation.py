@@ -25,7 +25,7 @@ from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._checkpoints import CheckpointStore
 from plexus.runtime.worker._delta import StateParts, apply_delta, encode_parts, join_parts, state_delta
 
-__all__ = ["Activation", "ActivationTable", "CheckpointDoc", "LoggedCommit", "LoggedSince"]
+__all__ = ["NO_IDS", "Activation", "ActivationTable", "CheckpointDoc", "LoggedCommit", "LoggedSince"]
 
 #: How many handled message ids a checkpoint remembers for redelivery de-duplication.
 HANDLED_MEMORY = 64
@@ -60,6 +60,9 @@ class _CheckpointOut(msgspec.Struct, omit_defaults=True):
     progress_seq: int = 0
 
 
+#: The empty `Activation.logged` every activation shares.
+NO_IDS: frozenset[str] = frozenset()
+
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.Decoder(CheckpointDoc).decode
 
@@ -77,11 +80,10 @@ class Activation:
     #: is not a string (such a state is checkpointed whenever it changes).
     saved: StateParts | bytes
     last_used: float = field(default_factory=time.monotonic)
-    #: Serialises this activation's own EventLog appends (a handler may spawn children concurrently).
-    log_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     #: Ids of messages whose entries are in the EventLog after the checkpoint's sequence: a worker died
-    #: between the two writes. Their redelivery is handled again but not logged a second time.
-    logged: set[str] = field(default_factory=set)
+    #: between the two writes. Their redelivery is handled again but not logged a second time. Almost
+    #: always empty: the shared `NO_IDS` then, not a set of its own (see `_log_lock`).
+    logged: frozenset[str] = NO_IDS
     #: Messages committed by their EventLog append alone since the checkpoint was last written.
     unsaved: int = 0
     #: The progress sequence as of the last commit (a one-write commit logs it when it moved).
@@ -89,6 +91,15 @@ class Activation:
     #: The size of the replies kept among the newest `REPLY_MEMORY` handled ids (-1 until `remember` first
     #: scans them): `remember`'s usual case needs no scan.
     _kept: int = -1
+    #: Held only while an append is under way or waited for (`log_turn`): a full collection visits every
+    #: object an idle activation holds, and an idle activation needs no lock.
+    _log_lock: asyncio.Lock | None = None
+    _log_users: int = 0
+
+    def log_turn(self) -> _LogTurn:
+        """``async with activation.log_turn():`` serialises this activation's own EventLog appends (a handler
+        may spawn children concurrently)."""
+        return _LogTurn(self)
 
     @property
     def saved_state(self) -> bytes:
@@ -205,6 +216,37 @@ class Activation:
         return _encode(doc)
 
 
+class _LogTurn:
+    """One turn at an activation's EventLog; the lock is made for the first user and let go by the last."""
+
+    __slots__ = ("_activation", "_lock")
+
+    def __init__(self, activation: Activation) -> None:
+        self._activation = activation
+        lock = activation._log_lock
+        if lock is None:
+            lock = activation._log_lock = asyncio.Lock()
+        activation._log_users += 1
+        self._lock = lock
+
+    async def __aenter__(self) -> None:
+        try:
+            await self._lock.acquire()
+        except BaseException:
+            self._leave()
+            raise
+
+    async def __aexit__(self, *exc: object) -> None:
+        self._lock.release()
+        self._leave()
+
+    def _leave(self) -> None:
+        activation = self._activation
+        activation._log_users -= 1
+        if activation._log_users == 0:  # nobody holds or waits for it: the next user makes a new one
+            activation._log_lock = None
+
+
 def _with_recent_replies(handled: list[tuple[str, bytes | None]]) -> OrderedDict[str, bytes | None]:
     """The handled-message memory of a loaded checkpoint, replies kept only for the newest REPLY_MEMORY.
 
@@ -233,7 +275,7 @@ class LoggedSince(msgspec.Struct, frozen=True):
     """What an agent's EventLog holds after its checkpoint's sequence."""
 
     #: Messages logged without their commit completing (the worker died before the checkpoint).
-    logged: set[str]
+    logged: frozenset[str]
     #: Messages committed by the append alone, oldest first.
     committed: list[LoggedCommit]
     #: The last sequence read (the log may have grown since its last sequence was asked).
@@ -282,7 +324,7 @@ class ActivationTable:
         # The log may be ahead of the checkpoint (commits write none as a rule; a worker may have died between
         # its append and its checkpoint): the activation continues from the log's end, fenced there.
         log_seq = max(doc.log_seq, last)
-        since = LoggedSince(set(), [])
+        since = LoggedSince(NO_IDS, [])
         if log_seq > doc.log_seq and self._logged_since is not None:
             # Messages committed by their append alone join the handled-message memory; those a dead worker
             # logged but never checkpointed are recognised, so their redelivery does not append the same

@@ -221,7 +221,7 @@ class WorkerBackend:
             child_run_id=child_run.run_id,
             child_agent_id=str(child),
         )
-        async with activation.log_lock:
+        async with activation.log_turn():
             if activation.agent_type.durable:
                 activation.log_seq = await log.append([spawned], expected_seq=activation.log_seq)
             else:  # no single activation, no tracked sequence: append after whatever is there
@@ -266,7 +266,7 @@ class WorkerBackend:
             # Fenced like a commit: a zombie fails this append before its checkpoint could replace the base
             # of the deltas the owner has logged since (commits write no checkpoint as a rule).
             taken = CheckpointTaken(message_id=ctx.message_id)
-            async with activation.log_lock:
+            async with activation.log_turn():
                 activation.log_seq = await self.rt.event_log(ctx.agent_id).append(
                     [taken], expected_seq=activation.log_seq
                 )

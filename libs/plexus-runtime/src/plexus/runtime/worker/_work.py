@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 from plexus.core import AgentId, BaseBlock, KernelError, MessageId, RunId
 from plexus.runtime._agent import AgentType
 from plexus.runtime.wire._envelope import Envelope, Reply
+from plexus.runtime.worker._gc import DEFAULT_GC_THRESHOLD, check_gc_threshold
 
 __all__ = ["WorkerConfig", "with_lease_ttl"]
 
@@ -35,6 +36,13 @@ class WorkerConfig:
     #: reconnect: a leader election, a lost node) is retried in place before it is left for redelivery.
     #: Such failures never dead-letter a message and never use up its attempts.
     unavailable_retry_s: float = 120.0
+    #: The cyclic collector's thresholds (young, middle, old) while the worker runs: the default's young
+    #: threshold spares in-flight messages from full collections over every live activation (`_gc.py`).
+    #: None leaves the process's collector as it is.
+    gc_threshold: tuple[int, int, int] | None = DEFAULT_GC_THRESHOLD
+
+    def __post_init__(self) -> None:
+        check_gc_threshold(self.gc_threshold)
 
 
 def with_lease_ttl(config: WorkerConfig, bucket_ttl_s: float) -> WorkerConfig:

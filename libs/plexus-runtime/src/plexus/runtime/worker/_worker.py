@@ -58,6 +58,7 @@ from plexus.runtime.wire._subjects import checkpoint_key, escape_token
 
 from ._activation import Activation, ActivationTable
 from ._backend import WorkerBackend
+from ._gc import GcThresholds
 from ._intake import Intake
 from ._partitions import PartitionOwner
 from ._runend import RunEndReporter
@@ -152,9 +153,11 @@ class Worker(Upkeep):
         self._handle_chain = chain(interceptors, "handle", self._invoke)
         self._stopping = False
         self._closed = False
+        self._gc_held = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
+        self._gc_held = GcThresholds.acquire(self.config.gc_threshold)
         # Interceptors are ready before the first message can arrive (they may open their own resources).
         connection = self.rt.connection
         for interceptor in self.app.interceptors:
@@ -259,6 +262,9 @@ class Worker(Upkeep):
                 await interceptor.stop()
             except Exception:  # one interceptor's failure to stop must not keep the others open
                 log.exception("interceptor %s failed to stop", type(interceptor).__name__)
+        if self._gc_held:
+            self._gc_held = False
+            GcThresholds.release()
 
     # -- intake ---------------------------------------------------------------------------------------
     async def _dispatch_durable(self, partition: int, msg: Msg, done: Callable[[], None]) -> None:
