@@ -165,3 +165,54 @@ async def test_a_runs_deadline_stops_a_plain_send(runtime: Any, start_worker: An
             run=new_root_run(deadline=time.time() + 0.5),
         )
     assert time.monotonic() - started < 5
+
+
+async def test_the_token_fires_at_the_deadline_never_before_it() -> None:
+    """Deadlines are grouped by 10 ms ticks: one may fire up to a tick late, never early."""
+    deadline = time.time() + 0.12
+    i = inp(deadline, None)
+    fired_at: list[float] = []
+
+    async def nxt(x: Any) -> Any:
+        await x.ctx.cancellation.wait()
+        fired_at.append(time.time())
+        return [STOPPED]
+
+    assert await DeadlineInterceptor().handle(i, nxt) == [STOPPED]
+    assert fired_at[0] >= deadline - 0.002  # (wall and monotonic clocks drift by less than this)
+
+
+async def test_handlers_that_finish_in_time_are_never_cancelled_and_leave_nothing_armed() -> None:
+    interceptor = DeadlineInterceptor()
+    deadline = time.time() + 0.5
+    inputs = [inp(deadline, None) for _ in range(200)]
+
+    async def nxt(_: Any) -> Any:
+        await asyncio.sleep(0)
+        return [OK]
+
+    results = await asyncio.gather(*(interceptor.handle(i, nxt) for i in inputs))
+    assert results == [[OK]] * 200
+    wheel = interceptor._wheel
+    assert wheel is not None
+    assert all(not armed for armed in wheel._ticks.values())  # every expiry was disarmed
+    assert len(wheel._ticks) <= 2  # one deadline: one tick (two if it sits on a tick's edge), one timer each
+    await asyncio.sleep(max(0.0, deadline - time.time()) + 0.1)  # past it: the tick fired, nobody in it
+    assert not any(i.ctx.cancellation.is_cancelled for i in inputs)
+    assert wheel._ticks == {}
+
+
+async def test_one_interceptor_serves_a_new_event_loop() -> None:
+    """A worker's interceptor may outlive a loop (tests, restarts): its wheel follows the running loop."""
+    interceptor = DeadlineInterceptor()
+
+    async def nxt(x: Any) -> Any:
+        await x.ctx.cancellation.wait()
+        return [STOPPED]
+
+    assert await interceptor.handle(inp(time.time() + 0.03, None), nxt) == [STOPPED]
+
+    def in_another_loop() -> list[Any] | None:
+        return asyncio.run(interceptor.handle(inp(time.time() + 0.03, None), nxt))
+
+    assert await asyncio.to_thread(in_another_loop) == [STOPPED]

@@ -17,8 +17,8 @@ from .client._client import Runtime
 from .client._cluster import ServiceUnavailableError
 from .client._connection import Connection
 from .client._supervisor import LocalSupervisor, Supervisor, new_root_run
+from .interceptors._deadline import DeadlineInterceptor
 from .interceptors._interceptors import (
-    DeadlineInterceptor,
     Delivery,
     HandleInput,
     Interceptor,

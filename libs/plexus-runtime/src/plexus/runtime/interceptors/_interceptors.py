@@ -11,8 +11,6 @@ worker) and declare the agent-type options they read (`options`, as dramatiq's m
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
@@ -20,7 +18,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
 
-from plexus.core import AgentId, AgentStep, BaseBlock, CancellationError, TopicId, Usage
+from plexus.core import AgentId, AgentStep, BaseBlock, TopicId, Usage
 
 if TYPE_CHECKING:
     from plexus.runtime._agent import Agent, AgentType
@@ -29,7 +27,6 @@ if TYPE_CHECKING:
     from plexus.runtime.wire._envelope import Envelope
 
 __all__ = [
-    "DeadlineInterceptor",
     "Delivery",
     "HandleInput",
     "Interceptor",
@@ -184,84 +181,6 @@ def _bind(
         return await method(inp, nxt)
 
     return step
-
-
-class DeadlineInterceptor(Interceptor):
-    """Enforces the earliest of the envelope's deadline, its run's deadline and the agent type's time limit.
-
-    The handler's cancellation token fires first (cooperative); if the handler ignores it, the handler task
-    is cancelled after a short grace and the caller gets `CancellationError("deadline")`.
-    """
-
-    async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
-        remaining = inp.agent_type.time_limit_s
-        run = inp.envelope.run
-        # The run's deadline (`new_root_run(deadline=…)`, a budget's deadline_s) binds every message of the
-        # tree, orchestrated or not: children inherit it with the run info.
-        for deadline in (inp.envelope.deadline, run.deadline if run is not None else None):
-            if deadline is not None:
-                left = deadline - time.time()
-                remaining = left if remaining is None else min(remaining, left)
-        if remaining is None:
-            return await call_next(inp)
-        if remaining <= 0:
-            raise CancellationError("deadline")
-        expiry = _Expiry(inp.ctx, remaining)
-        try:
-            return await call_next(inp)
-        except asyncio.CancelledError:
-            if expiry.close():
-                raise CancellationError("deadline") from None
-            raise
-        finally:
-            expiry.close()
-
-
-#: How long a handler may run on after its cancellation token fired before its task is cancelled.
-_GRACE_S = 0.05
-
-
-class _Expiry:
-    """One loop timer per message (every send carries a deadline, so this is on the hot path).
-
-    A timer plus `asyncio.timeout` cost ≈ 7.5 µs per message; the second timer is only created when the
-    first one fires. The hard cancel follows `asyncio.timeout`'s rules: it is undone by `uncancel()` and
-    reported only when nobody else cancelled the task meanwhile.
-    """
-
-    __slots__ = ("_cancelled", "_cancelling", "_ctx", "_loop", "_task", "_timer")
-
-    def __init__(self, ctx: Context, delay: float) -> None:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a deadline needs a running task")
-        self._ctx = ctx
-        self._task = task
-        self._loop = asyncio.get_running_loop()
-        self._cancelling = task.cancelling()
-        self._cancelled = 0
-        self._timer = self._loop.call_later(delay, self._expire)
-
-    def _expire(self) -> None:
-        self._ctx._controller.cancel("deadline")
-        self._timer = self._loop.call_later(_GRACE_S, self._cancel_task)
-
-    def _cancel_task(self) -> None:
-        self._cancelled += 1
-        self._task.cancel()
-        # Re-cancel until disarmed: nats-py swallows a CancelledError that lands inside its publish path.
-        self._timer = self._loop.call_later(0.1, self._cancel_task)
-
-    def close(self) -> bool:
-        """Disarm (idempotent); True when this expiry cancelled the task and no one else did."""
-        self._timer.cancel()
-        if not self._cancelled:
-            return False
-        remaining = self._task.cancelling()
-        for _ in range(self._cancelled):
-            remaining = self._task.uncancel()
-        self._cancelled = 0
-        return remaining <= self._cancelling
 
 
 _tracer = trace.get_tracer("plexus.runtime")

@@ -32,8 +32,8 @@ from plexus.runtime._context import Context
 from plexus.runtime.client._client import Runtime
 from plexus.runtime.client._cluster import ClusterSupervisor, OrchestratorClient, RunControl
 from plexus.runtime.interceptors._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor
+from plexus.runtime.interceptors._deadline import DeadlineInterceptor
 from plexus.runtime.interceptors._interceptors import (
-    DeadlineInterceptor,
     HandleInput,
     TracingInterceptor,
     chain,
