@@ -242,3 +242,44 @@ async def test_types_hosted_by_workers_of_different_sets_are_each_handled_once(
         assert sorted(b for t, _, b in got if t == name) == sorted(f"m{i}" for i in range(rounds))
     await asyncio.sleep(0.3)
     assert Counting.seen.empty()  # no second copy of b from the other group
+
+
+async def test_a_bad_publication_for_several_hosted_types_is_dead_lettered_once(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """What all copies share is checked once: one dead letter per bad publication, not one per type."""
+    Counting.seen = asyncio.Queue()
+    await start_worker(fan_app())
+    for name in ("fan-a", "fan-b"):
+        await runtime.add_subscription(TypeSubscription(topic_type="fan", agent_type=name))
+    subject = runtime.subjects.topic("fan", "k")
+    headers = {"Nats-Msg-Id": "01JTOPIC0000000000000000AC", "Plexus-V": "1", HDR_TOPIC_TO: "fan-a fan-b"}
+    first = encode_envelope(_topic_envelope("default/fan/k", kind="send"))
+    second = encode_envelope(_topic_envelope("default/other/k"))
+    on_subject = lambda m: (m.headers or {}).get("Plexus-Dlq-Subject") == subject  # noqa: E731
+    async with dead_letters(runtime) as dlq:
+        await runtime.nc.publish(subject, first, headers=headers)
+        assert (await dlq.expect(on_subject)).data == first
+        await runtime.nc.publish(subject, second, headers=headers)
+        # The next dead letter is the second publication's: the first had no copy for its second type.
+        assert (await dlq.expect(on_subject)).data == second
+    assert Counting.seen.empty()
+
+
+async def test_a_copy_whose_id_would_be_too_long_is_dead_lettered_for_its_type(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """A copy's id is ``<publication id>.<type>``: one past the id limit is refused per copy, as schema."""
+    Counting.seen = asyncio.Queue()
+    await start_worker(fan_app())
+    for name in ("fan-a", "fan-b"):
+        await runtime.add_subscription(TypeSubscription(topic_type="fan", agent_type=name))
+    subject = runtime.subjects.topic("fan", "k")
+    env = msgspec.structs.replace(_topic_envelope("default/fan/k"), id="m" * 252)  # + ".fan-a": 258
+    headers = {"Nats-Msg-Id": env.id, "Plexus-V": "1", HDR_TOPIC_TO: "fan-a fan-b"}
+    on_subject = lambda m: (m.headers or {}).get("Plexus-Dlq-Subject") == subject  # noqa: E731
+    async with dead_letters(runtime) as dlq:
+        await runtime.nc.publish(subject, encode_envelope(env), headers=headers)
+        reasons = [((await dlq.expect(on_subject)).headers or {})["Plexus-Dlq-Reason"] for _ in range(2)]
+    assert reasons == ["schema", "schema"]
+    assert Counting.seen.empty()

@@ -11,6 +11,7 @@ instead of handing NATS a subject that would close the connection or be dropped.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass, field
@@ -402,6 +403,7 @@ def _kv_key(bucket: str, key: str) -> str:
     return key
 
 
+@functools.lru_cache(maxsize=8192)  # every message's target is checked (intake) and read (activation)
 def checkpoint_key(namespace: str, agent_type: str, key: str) -> str:
     """Key of one agent's checkpoint in `plexus_checkpoints`: ``<ns>.<type>.<key>`` (escaped tokens)."""
     return _kv_key(

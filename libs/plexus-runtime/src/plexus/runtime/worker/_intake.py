@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections import OrderedDict
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -21,7 +20,6 @@ from plexus.runtime._app import App
 from plexus.runtime.client._supervisor import new_root_run
 from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
-    HDR_VERSION,
     Envelope,
     Reply,
     WireError,
@@ -40,16 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["Intake"]
 
-#: Topic publications whose decoded form is kept for the other hosted types' copies.
-_PUBLICATIONS_KEPT = 256
-
-
-def _publication_key(msg: Msg) -> tuple[object, ...]:
-    """What makes two deliveries the same publication: subject, body and the headers intake reads."""
-    headers = msg.headers or {}
-    return (msg.subject, msg.data, headers.get(HDR_MSG_ID), headers.get(HDR_VERSION))
-
-
 log = logging.getLogger("plexus.worker")
 
 _JS_PREFIX = "$JS."
@@ -62,55 +50,39 @@ class Intake:
         self.app = app
         self.rt = rt
         self.worker_id = worker_id
-        # Recent topic publications (key -> decoded envelope and blocks): each hosted stateless type gets its
-        # own delivery of a publication (one per queue group), and each is read on its subscription's task.
-        self._publications: OrderedDict[tuple[object, ...], tuple[Envelope, list[BaseBlock]]] = OrderedDict()
 
-    async def read(self, msg: Msg, *, durable: bool, topic_for: str | None = None) -> _Work | None:
-        """The work `msg` carries, or None when it was dead-lettered (and answered, and acked).
-
-        `topic_for` names the stateless agent type a topic publication (one message for all of its
-        stateless recipients) is read for: the work is that type's copy, addressed to the key of the
-        topic's source, with the per-recipient message id ``<publication id>.<type>``.
-        """
+    async def read(self, msg: Msg, *, durable: bool) -> _Work | None:
+        """The work `msg` carries, or None when it was dead-lettered (and answered, and acked)."""
         try:
-            return await self._read(msg, durable, topic_for)
+            return await self._read(msg, durable)
         except Exception as exc:  # a check we did not foresee: still bad input, never a stuck message
             log.exception("intake of a message on %s failed", msg.subject)
             await self.dead_letter(msg, "garbage", f"{type(exc).__name__}: {exc}", None)
             return None
 
-    async def _read(self, msg: Msg, durable: bool, topic_for: str | None) -> _Work | None:
+    async def read_publication(self, msg: Msg, agent_types: list[str]) -> list[_Work]:
+        """The copies of topic publication `msg` (one message for all its stateless recipients) for the
+        hosted `agent_types`: each addressed to the key of the topic's source, with the per-recipient message
+        id ``<publication id>.<type>``. What all copies share is decoded and checked once; a publication that
+        fails those checks is dead-lettered once."""
+        try:
+            return await self._read_publication(msg, agent_types)
+        except Exception as exc:  # a check we did not foresee: still bad input, never a stuck message
+            log.exception("intake of a publication on %s failed", msg.subject)
+            await self.dead_letter(msg, "garbage", f"{type(exc).__name__}: {exc}", None)
+            return []
+
+    async def _read(self, msg: Msg, durable: bool) -> _Work | None:
         core_reply = None if durable else msg.reply
-        if core_reply:
-            problem = reply_subject_problem(core_reply)
-            if problem is not None:
-                await self.dead_letter(msg, "reply_to", problem, None)
-                return None
-        publication = self._seen_publication(msg) if topic_for is not None else None
-        if publication is not None:
-            # Another stateless type's copy of the same publication was just read: decoded once, not per type.
-            env, known_blocks = publication
-        else:
-            known_blocks = None
-            try:
-                env = decode_envelope(msg.data, msg.headers)
-            except WireError as exc:
-                await self.dead_letter(msg, exc.reason, str(exc), None)
-                return None
-        original = env
-        if topic_for is not None:
-            addressed = self._topic_copy(msg.subject, env, topic_for)
-            if isinstance(addressed, str):
-                await self.dead_letter(msg, "topic", addressed, env)
-                return None
-            env = addressed
-        if env.reply_to is not None:
-            problem = reply_subject_problem(env.reply_to)
-            if problem is not None:
-                # Answering would publish to an address we refuse: the caller (if any) times out.
-                await self.dead_letter(msg, "reply_to", problem, msgspec.structs.replace(env, reply_to=None))
-                return None
+        if core_reply and not await self._reply_ok(msg, core_reply):
+            return None
+        try:
+            env = decode_envelope(msg.data, msg.headers)
+        except WireError as exc:
+            await self.dead_letter(msg, exc.reason, str(exc), None)
+            return None
+        if env.reply_to is not None and not await self._reply_ok(msg, env.reply_to, env):
+            return None
         try:
             agent_id = AgentId.parse(env.target)
         except ValueError as exc:
@@ -123,14 +95,11 @@ class Intake:
                 env, msg, Reply(id=env.id, ok=False, error=AgentNotFoundError(agent_id).to_wire())
             )
             return None
-        if topic_for is None and not self._arrived_for(msg.subject, agent_id, durable):
+        if not self._arrived_for(msg.subject, agent_id, durable):
             # Running it would activate the agent from another key's partition: two activations at once.
             await self.dead_letter(msg, "target", f"{env.target!r} arrived on {msg.subject!r}", env)
             return None
-        try:
-            checkpoint_key(agent_id.namespace, agent_id.type, agent_id.key)
-        except SubjectTooLongError as exc:  # its activation could never load or save a checkpoint
-            await self.dead_letter(msg, "target", str(exc), env)
+        if not await self._key_ok(msg, agent_id, env):
             return None
         problem = _envelope_problem(env)
         if problem is not None:
@@ -138,29 +107,59 @@ class Intake:
             # message unacked and redeliver it forever.
             await self.dead_letter(msg, "schema", problem, env)
             return None
-        if known_blocks is not None:
-            blocks = list(known_blocks)  # blocks are frozen; each handler gets its own list
-        else:
-            try:  # built here, not in the handler: blocks that fail to validate are bad input
-                blocks = blocks_from_payload(env.payload)
-            except WireError as exc:
-                await self.dead_letter(msg, exc.reason, str(exc), env)
-                return None
-            if topic_for is not None:
-                self._publications[_publication_key(msg)] = (original, blocks)
-                if len(self._publications) > _PUBLICATIONS_KEPT:
-                    self._publications.popitem(last=False)
+        try:  # built here, not in the handler: blocks that fail to validate are bad input
+            blocks = blocks_from_payload(env.payload)
+        except WireError as exc:
+            await self.dead_letter(msg, exc.reason, str(exc), env)
+            return None
         if env.run is None:  # a foreign sender may omit it: the message starts a run, as a client's does
             env = msgspec.structs.replace(env, run=new_root_run())
         return _Work(
             msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable, blocks=blocks
         )
 
-    def _seen_publication(self, msg: Msg) -> tuple[Envelope, list[BaseBlock]] | None:
-        return self._publications.get(_publication_key(msg))
+    async def _read_publication(self, msg: Msg, agent_types: list[str]) -> list[_Work]:
+        if msg.reply and not await self._reply_ok(msg, msg.reply):
+            return []
+        try:
+            env = decode_envelope(msg.data, msg.headers)
+        except WireError as exc:
+            await self.dead_letter(msg, exc.reason, str(exc), None)
+            return []
+        topic = self._topic_of(msg.subject, env)
+        if isinstance(topic, str):
+            await self.dead_letter(msg, "topic", topic, env)
+            return []
+        if env.reply_to is not None and not await self._reply_ok(msg, env.reply_to, env):
+            return []
+        # The sender's and the run's ids, as every copy carries them (each copy's own id is checked below).
+        problem = _envelope_problem(env, own_id=False)
+        if problem is not None:
+            await self.dead_letter(msg, "schema", problem, env)
+            return []
+        try:
+            blocks = blocks_from_payload(env.payload)
+        except WireError as exc:
+            await self.dead_letter(msg, exc.reason, str(exc), env)
+            return []
+        if env.run is None:  # one run for the publication, shared by all its copies
+            env = msgspec.structs.replace(env, run=new_root_run())
+        # A copy's id is the publication's, a dot and a type name (no whitespace; never a minted id of
+        # another kind): when the longest is a valid message id, every one is.
+        longest = max(agent_types, key=len)
+        copy_ids_ok = (
+            _envelope_problem(msgspec.structs.replace(env, id=topic_copy_id(env.id, longest)), origin=False)
+            is None
+        )
+        works = []
+        for name in agent_types:
+            work = await self._topic_copy(msg, env, topic, name, blocks, copy_ids_ok)
+            if work is not None:
+                works.append(work)
+        return works
 
-    def _topic_copy(self, subject: str, env: Envelope, agent_type: str) -> Envelope | str:
-        """`env` (a topic publication) re-addressed to `agent_type`, or what is wrong with it."""
+    def _topic_of(self, subject: str, env: Envelope) -> TopicId | str:
+        """The topic publication `env` was published to, or what is wrong with it."""
         if env.kind != "publish" or env.topic is None:
             return f"a {env.kind!r} envelope without a topic arrived on topic subject {subject!r}"
         try:
@@ -171,8 +170,53 @@ class Intake:
             return f"topic {env.topic!r} is not of namespace {self.app.namespace!r}"
         if subject != self.rt.subjects_for(topic.namespace).topic(topic.type, topic.source):
             return f"topic {env.topic!r} arrived on {subject!r}"
-        target = AgentId.parse(f"{topic.namespace}/{agent_type}/{topic.source}")  # parsed ids are cached
-        return msgspec.structs.replace(env, id=topic_copy_id(env.id, agent_type), target=str(target))
+        return topic
+
+    async def _topic_copy(
+        self, msg: Msg, env: Envelope, topic: TopicId, name: str, blocks: list[BaseBlock], id_ok: bool
+    ) -> _Work | None:
+        """Agent type `name`'s copy of publication `env`, or None when that copy was dead-lettered."""
+        copy = msgspec.structs.replace(env, id=topic_copy_id(env.id, name))
+        try:
+            agent_id = AgentId.parse(f"{topic.namespace}/{name}/{topic.source}")  # parsed ids are cached
+        except ValueError as exc:
+            await self.dead_letter(msg, "target", str(exc), copy)
+            return None
+        copy = msgspec.structs.replace(copy, target=str(agent_id))
+        agent_type = self.app.get(name)
+        if agent_type is None or agent_type.namespace != agent_id.namespace:
+            await self.dead_letter(msg, "unregistered", f"no agent type {name!r} here", copy)
+            return None
+        if not await self._key_ok(msg, agent_id, copy):
+            return None
+        problem = None if id_ok else _envelope_problem(copy, origin=False)
+        if problem is not None:
+            await self.dead_letter(msg, "schema", problem, copy)
+            return None
+        # Blocks are frozen; each handler gets its own list.
+        return _Work(
+            msg=msg, env=copy, agent_type=agent_type, agent_id=agent_id, durable=False, blocks=list(blocks)
+        )
+
+    async def _reply_ok(self, msg: Msg, address: str, env: Envelope | None = None) -> bool:
+        """Whether replies may go to `address`; dead-letters the message when not (with `env`, whose reply
+        address is then dropped: answering would publish to an address we refuse, so a caller times out)."""
+        problem = reply_subject_problem(address)
+        if problem is None:
+            return True
+        await self.dead_letter(
+            msg, "reply_to", problem, None if env is None else msgspec.structs.replace(env, reply_to=None)
+        )
+        return False
+
+    async def _key_ok(self, msg: Msg, agent_id: AgentId, env: Envelope) -> bool:
+        """Whether `agent_id`'s checkpoint key fits a subject (else its activation could never load one)."""
+        try:
+            checkpoint_key(agent_id.namespace, agent_id.type, agent_id.key)
+        except SubjectTooLongError as exc:
+            await self.dead_letter(msg, "target", str(exc), env)
+            return False
+        return True
 
     def _arrived_for(self, subject: str, agent_id: AgentId, durable: bool) -> bool:
         """Whether `subject` is the inbox of `agent_id` (the one its partition and mailbox follow)."""

@@ -63,6 +63,7 @@ class TopicReceiver:
 
         async def on_topic(msg: Msg) -> None:
             listed = (msg.headers or {}).get(HDR_TOPIC_TO, "")
+            ours = []
             for token in listed.split(" "):
                 agent_type = hosted.get(token)
                 if agent_type is None:
@@ -70,8 +71,9 @@ class TopicReceiver:
                 owner = registry.topic_owner(namespace, agent_type)
                 if owner is not None and owner != group:
                     continue  # another group's workers handle this type's copy
-                work = await self._intake.read(msg, durable=False, topic_for=agent_type)
-                if work is not None:
+                ours.append(agent_type)
+            if ours:  # decoded and checked once for all of them
+                for work in await self._intake.read_publication(msg, ours):
                     self._mailboxes.put(work.agent_id, work)
 
         return on_topic

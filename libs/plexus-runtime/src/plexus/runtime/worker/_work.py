@@ -127,10 +127,14 @@ class _Work:
         return self.env.reply_to if self.durable else (self.msg.reply or self.env.reply_to)
 
 
-def _envelope_problem(env: Envelope) -> str | None:
-    """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries)."""
+def _envelope_problem(env: Envelope, *, own_id: bool = True, origin: bool = True) -> str | None:
+    """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries):
+    its own id, and (`origin`) its sender's and its run's."""
     try:
-        MessageId.parse(env.id)
+        if own_id:
+            MessageId.parse(env.id)
+        if not origin:
+            return None
         if env.sender is not None:
             AgentId.parse(env.sender)
         if env.run is not None:
