@@ -10,10 +10,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from nats.aio.msg import Msg
@@ -24,6 +25,7 @@ from plexus.core import AgentId, BaseBlock, BudgetExhaustedError, KernelError, M
 from plexus.runtime import Agent, App, Context, NatsServer, Runtime, Worker, WorkerConfig
 from plexus.runtime.wire._envelope import Envelope, decode_reply, encode_envelope, payload_from_blocks
 from plexus.runtime.wire._subjects import escape_token
+from plexus.runtime.worker._activation import Activation
 
 
 class Echo(Agent):
@@ -231,3 +233,17 @@ async def send_raw(
         return await sub.next_msg(timeout=DEADLINE), ack.seq
     finally:
         await sub.unsubscribe()
+
+
+def idle_activation(handled: OrderedDict[str, bytes | None]) -> Activation:
+    """An activation of a plain `Agent` at key t/k that has handled `handled` (no store behind it)."""
+    return Activation(
+        agent_id=AgentId("t", "k"),
+        agent=Agent(),
+        agent_type=cast(Any, None),
+        revision=None,
+        log_seq=0,
+        progress_seq=0,
+        handled=handled,
+        saved=b"",
+    )

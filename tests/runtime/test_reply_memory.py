@@ -4,13 +4,10 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from itertools import islice
-from typing import Any, cast
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from plexus.core import AgentId
-from plexus.runtime import Agent
 from plexus.runtime.worker._activation import (
     HANDLED_MEMORY,
     REPLY_MAX_BYTES,
@@ -18,6 +15,7 @@ from plexus.runtime.worker._activation import (
     Activation,
     _with_recent_replies,
 )
+from tests.runtime.apps_misc import idle_activation
 
 
 def _reference(
@@ -39,16 +37,7 @@ def _reference(
 
 
 def _activation(handled: OrderedDict[str, bytes | None]) -> Activation:
-    return Activation(
-        agent_id=AgentId("t", "k"),
-        agent=Agent(),
-        agent_type=cast(Any, None),
-        revision=None,
-        log_seq=0,
-        progress_seq=0,
-        handled=handled,
-        saved=b"",
-    )
+    return idle_activation(handled)
 
 
 _replies = st.none() | st.sampled_from([0, 10, 700, REPLY_MAX_BYTES, REPLY_MAX_BYTES + 1]).map(

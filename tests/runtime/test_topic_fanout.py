@@ -9,6 +9,7 @@ import json
 import time
 import urllib.request
 from collections import Counter
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import msgspec
@@ -244,19 +245,28 @@ async def test_types_hosted_by_workers_of_different_sets_are_each_handled_once(
     assert Counting.seen.empty()  # no second copy of b from the other group
 
 
-async def test_a_bad_publication_for_several_hosted_types_is_dead_lettered_once(
-    runtime: Runtime, start_worker: StartWorker
-) -> None:
-    """What all copies share is checked once: one dead letter per bad publication, not one per type."""
+async def _two_types_subscribed(runtime: Runtime, start_worker: StartWorker) -> str:
+    """A worker hosting the fan types, fan-a and fan-b subscribed to topic type "fan"; returns fan/k's subject."""
     Counting.seen = asyncio.Queue()
     await start_worker(fan_app())
     for name in ("fan-a", "fan-b"):
         await runtime.add_subscription(TypeSubscription(topic_type="fan", agent_type=name))
-    subject = runtime.subjects.topic("fan", "k")
+    return runtime.subjects.topic("fan", "k")
+
+
+def _dead_on(subject: str) -> Callable[[Msg], bool]:
+    return lambda m: (m.headers or {}).get("Plexus-Dlq-Subject") == subject
+
+
+async def test_a_bad_publication_for_several_hosted_types_is_dead_lettered_once(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """What all copies share is checked once: one dead letter per bad publication, not one per type."""
+    subject = await _two_types_subscribed(runtime, start_worker)
     headers = {"Nats-Msg-Id": "01JTOPIC0000000000000000AC", "Plexus-V": "1", HDR_TOPIC_TO: "fan-a fan-b"}
     first = encode_envelope(_topic_envelope("default/fan/k", kind="send"))
     second = encode_envelope(_topic_envelope("default/other/k"))
-    on_subject = lambda m: (m.headers or {}).get("Plexus-Dlq-Subject") == subject  # noqa: E731
+    on_subject = _dead_on(subject)
     async with dead_letters(runtime) as dlq:
         await runtime.nc.publish(subject, first, headers=headers)
         assert (await dlq.expect(on_subject)).data == first
@@ -270,14 +280,10 @@ async def test_a_copy_whose_id_would_be_too_long_is_dead_lettered_for_its_type(
     runtime: Runtime, start_worker: StartWorker
 ) -> None:
     """A copy's id is ``<publication id>.<type>``: one past the id limit is refused per copy, as schema."""
-    Counting.seen = asyncio.Queue()
-    await start_worker(fan_app())
-    for name in ("fan-a", "fan-b"):
-        await runtime.add_subscription(TypeSubscription(topic_type="fan", agent_type=name))
-    subject = runtime.subjects.topic("fan", "k")
+    subject = await _two_types_subscribed(runtime, start_worker)
     env = msgspec.structs.replace(_topic_envelope("default/fan/k"), id="m" * 252)  # + ".fan-a": 258
     headers = {"Nats-Msg-Id": env.id, "Plexus-V": "1", HDR_TOPIC_TO: "fan-a fan-b"}
-    on_subject = lambda m: (m.headers or {}).get("Plexus-Dlq-Subject") == subject  # noqa: E731
+    on_subject = _dead_on(subject)
     async with dead_letters(runtime) as dlq:
         await runtime.nc.publish(subject, encode_envelope(env), headers=headers)
         reasons = [((await dlq.expect(on_subject)).headers or {})["Plexus-Dlq-Reason"] for _ in range(2)]

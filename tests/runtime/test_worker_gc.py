@@ -12,10 +12,10 @@ from typing import Any, cast
 import pytest
 
 from plexus.core import AgentId, TextBlock
-from plexus.runtime import Agent, App, Runtime, WorkerConfig
+from plexus.runtime import App, Runtime, WorkerConfig
 from plexus.runtime.worker._activation import Activation
 from plexus.runtime.worker._gc import DEFAULT_GC_THRESHOLD
-from tests.runtime.apps_misc import Echo
+from tests.runtime.apps_misc import Echo, idle_activation
 from tests.runtime.conftest import StartWorker
 
 
@@ -69,16 +69,7 @@ def test_a_bad_threshold_is_refused_when_the_config_is_made(value: object) -> No
 
 
 def _activation() -> Activation:
-    return Activation(
-        agent_id=AgentId("t", "k"),
-        agent=Agent(),
-        agent_type=cast(Any, None),
-        revision=None,
-        log_seq=0,
-        progress_seq=0,
-        handled=OrderedDict(),
-        saved=b"",
-    )
+    return idle_activation(OrderedDict())
 
 
 def _lock_of(activation: Activation) -> asyncio.Lock | None:
