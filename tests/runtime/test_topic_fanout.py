@@ -246,7 +246,7 @@ async def test_types_hosted_by_workers_of_different_sets_are_each_handled_once(
 
 
 async def _two_types_subscribed(runtime: Runtime, start_worker: StartWorker) -> str:
-    """A worker hosting the fan types, fan-a and fan-b subscribed to topic type "fan"; returns fan/k's subject."""
+    """A worker hosting the fan types, fan-a and fan-b subscribed to topic "fan"; the subject of fan/k."""
     Counting.seen = asyncio.Queue()
     await start_worker(fan_app())
     for name in ("fan-a", "fan-b"):
