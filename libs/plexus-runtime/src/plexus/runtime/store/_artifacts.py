@@ -222,10 +222,14 @@ class ArtifactStore:
     async def offload(self, blocks: Sequence[BaseBlock]) -> list[BaseBlock]:
         """Copy of ``blocks`` where every media block (also nested in tool results) with ``data`` over the
         inline limit is stored and replaced by a handle (``data=None, file_id="art_<sha256>"``)."""
+        if not _may_hold_media(blocks):  # the usual message: text, no coroutine per block
+            return list(blocks)
         return [await self._offload_one(block) for block in blocks]
 
     async def resolve(self, blocks: Sequence[BaseBlock]) -> list[BaseBlock]:
         """The reverse of `offload`: load the bytes of every artifact handle back into its block."""
+        if not _may_hold_media(blocks):
+            return list(blocks)
         return [await self._resolve_one(block) for block in blocks]
 
     async def _offload_one(self, block: BaseBlock) -> BaseBlock:
@@ -257,3 +261,8 @@ class ArtifactStore:
         original = metadata.pop(_ORIGINAL_FILE_ID_KEY, None)
         file_id = original if isinstance(original, str) else None
         return block.model_copy(update={"data": data, "file_id": file_id, "metadata": metadata})
+
+
+def _may_hold_media(blocks: Sequence[BaseBlock]) -> bool:
+    """Whether any of `blocks` is a media block or may nest one (a tool result): only those are offloaded."""
+    return any(isinstance(block, (MediaBlock, ToolResultBlock)) for block in blocks)
