@@ -1,5 +1,5 @@
-"""What a worker holds in memory between messages: the collector's thresholds while it runs, and an idle
-activation's EventLog lock (made for a turn, let go after it)."""
+"""What a worker holds in memory between messages: the collector's thresholds while it runs, an idle
+activation's EventLog lock (made for a turn, let go after it), and how a new activation reads its state."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import pytest
 
 from plexus.core import AgentId, TextBlock
 from plexus.runtime import App, Runtime, WorkerConfig
-from plexus.runtime.worker._activation import Activation
+from plexus.runtime.worker._activation import Activation, _both
 from plexus.runtime.worker._gc import DEFAULT_GC_THRESHOLD
 from tests.runtime.apps_misc import Echo, idle_activation
 from tests.runtime.conftest import StartWorker
@@ -138,3 +138,47 @@ async def test_a_turn_cancelled_while_waiting_leaves_the_lock_consistent() -> No
         lock = _lock_of(activation)
         assert lock is not None
         assert lock.locked()
+
+
+async def test_a_new_activation_s_two_reads_run_at_once_and_fail_cleanly() -> None:
+    """`_both`: a new activation's two reads run concurrently; a failing read cancels the other."""
+    release = asyncio.Event()
+
+    async def slow(value: str) -> str:
+        await release.wait()  # only the second read sets it: one after the other would never finish
+        return value
+
+    async def fast() -> int:
+        release.set()
+        return 7
+
+    assert await asyncio.wait_for(_both(slow("checkpoint"), fast()), 5) == ("checkpoint", 7)
+
+    never = asyncio.Event()
+    first_task: list[asyncio.Task[Any]] = []
+
+    async def waits_forever() -> str:
+        task = asyncio.current_task()
+        assert task is not None
+        first_task.append(task)
+        await never.wait()
+        return "unreachable"
+
+    async def fails() -> int:
+        await asyncio.sleep(0)
+        raise RuntimeError("no stream leader")
+
+    with pytest.raises(RuntimeError, match="no stream leader"):
+        await _both(waits_forever(), fails())
+    await asyncio.sleep(0)
+    assert first_task[0].cancelled()
+
+    async def first_fails() -> str:
+        raise ValueError("unreadable checkpoint")
+
+    async def second_ok() -> int:
+        await asyncio.sleep(0.01)
+        return 1
+
+    with pytest.raises(ValueError, match="unreadable checkpoint"):
+        await _both(first_fails(), second_ok())

@@ -15,7 +15,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from itertools import islice
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -26,6 +26,9 @@ from plexus.runtime.store._checkpoints import CheckpointStore
 from plexus.runtime.worker._delta import StateParts, apply_delta, encode_parts, join_parts, state_delta
 
 __all__ = ["NO_IDS", "Activation", "ActivationTable", "CheckpointDoc", "LoggedCommit", "LoggedSince"]
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 #: How many handled message ids a checkpoint remembers for redelivery de-duplication.
 HANDLED_MEMORY = 64
@@ -247,6 +250,25 @@ class _LogTurn:
             activation._log_lock = None
 
 
+async def _both(first: Awaitable[A], second: Awaitable[B]) -> tuple[A, B]:
+    """Await two reads at once with one task, not `asyncio.gather`'s two and its gathering future (a new
+    activation's two reads; ≈ 10 µs of a worker's CPU per activation). When the second fails the first is
+    cancelled; its outcome is always retrieved."""
+    started = asyncio.ensure_future(first)
+    started.add_done_callback(_retrieve)
+    try:
+        other = await second
+    except BaseException:
+        started.cancel()
+        raise
+    return await started, other
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    if not task.cancelled():
+        task.exception()  # marks it retrieved: a failure the caller never awaited is not logged at exit
+
+
 def _with_recent_replies(handled: list[tuple[str, bytes | None]]) -> OrderedDict[str, bytes | None]:
     """The handled-message memory of a loaded checkpoint, replies kept only for the newest REPLY_MEMORY.
 
@@ -317,7 +339,7 @@ class ActivationTable:
             if self._last_log_seq is not None:
                 # Both at once (one round trip): whichever order a late write of a dying owner falls in,
                 # the larger sequence wins below and the entries after the checkpoint are read back.
-                stored, last = await asyncio.gather(load, self._last_log_seq(agent_id))
+                stored, last = await _both(load, self._last_log_seq(agent_id))
             else:
                 stored = await load
         doc = CheckpointDoc() if stored is None else _decode(stored.state)
