@@ -12,7 +12,7 @@ from typing import Any, cast
 import pytest
 
 from plexus.core import AgentId, TextBlock
-from plexus.runtime import App, Runtime, WorkerConfig
+from plexus.runtime import App, Connection, Interceptor, Runtime, WorkerConfig
 from plexus.runtime.worker._activation import Activation, _both
 from plexus.runtime.worker._gc import DEFAULT_GC_THRESHOLD
 from tests.runtime.apps_misc import Echo, idle_activation
@@ -182,3 +182,18 @@ async def test_a_new_activation_s_two_reads_run_at_once_and_fail_cleanly() -> No
 
     with pytest.raises(ValueError, match="unreadable checkpoint"):
         await _both(first_fails(), second_ok())
+
+
+class _FailsToStart(Interceptor):
+    async def start(self, connection: Connection, worker_id: str) -> None:
+        raise RuntimeError("no telemetry backend")
+
+
+async def test_a_worker_that_fails_to_start_leaves_the_collector_alone(
+    thresholds: tuple[int, int, int], start_worker: StartWorker
+) -> None:
+    app = App(interceptors=[_FailsToStart()])
+    app.register("echo", lambda _id: Echo(), durable=False)
+    with pytest.raises(RuntimeError, match="no telemetry backend"):
+        await start_worker(app)
+    assert gc.get_threshold() == thresholds

@@ -157,7 +157,6 @@ class Worker(Upkeep):
 
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
-        self._gc_held = GcThresholds.acquire(self.config.gc_threshold)
         # Interceptors are ready before the first message can arrive (they may open their own resources).
         connection = self.rt.connection
         for interceptor in self.app.interceptors:
@@ -231,6 +230,8 @@ class Worker(Upkeep):
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
         self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
+        # Last: a start that failed before here leaves the process's collector as it found it.
+        self._gc_held = GcThresholds.acquire(self.config.gc_threshold)
 
     async def stop(self, drain_timeout: float = 30.0) -> None:
         """Graceful: stop pulling, finish in-flight work, release partitions, deregister."""
