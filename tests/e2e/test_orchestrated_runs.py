@@ -194,7 +194,10 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     orchestrator_process()
     worker_process(APP, *FAST)
     await ready(runtime, 1)
-    low = {"priority": int(Priority.LOW), "leaf": {"steps": 20, "tokens": 1, "sleep": 0.1}}
+    # 40 steps (≥ 4 s): the LOW child must still be working when the HIGH child starts. With 20, CI on a
+    # loaded R3 cluster once saw no LOW step while the HIGH child ran and none after it: the LOW child had
+    # finished before the HIGH child started, 1.7 s or more after it, and had nothing left to resume.
+    low = {"priority": int(Priority.LOW), "leaf": {"steps": 40, "tokens": 1, "sleep": 0.1}}
     # The HIGH child works for ~1.5 s, so a LOW child that was not really paused would show steps in it.
     high = {"priority": int(Priority.HIGH), "delay": 0.5, "leaf": {"steps": 15, "sleep": 0.1}}
     run_id = await runtime.start_run(
@@ -210,7 +213,7 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     # The HIGH child got the LOW child's slot instead of a denial, and the LOW child finished after resuming.
     assert [r.split(":")[0] for r in results] == ["ok", "ok"], results
     low_steps = [e for e in events if e.agent_id.endswith("-s0") and e.step == "thinking"]
-    assert len(low_steps) == 20
+    assert len(low_steps) == 40
     low_run = str(low_steps[0].run_id)
     high_done = max(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "thinking")
     high_start = min(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "started")
@@ -218,7 +221,8 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     paused_window = [e for e in low_steps if high_start + 0.3 < e.ts < high_done - 0.2]
     assert paused_window == [], "the preempted agent kept working while paused"
     assert any(e.ts < high_start for e in low_steps), "the LOW child was working before it was preempted"
-    assert any(e.ts > high_done for e in low_steps), "the LOW child resumed after the HIGH child finished"
+    timeline = f"HIGH {high_start:.2f}-{high_done:.2f}, LOW steps at {[round(e.ts, 2) for e in low_steps]}"
+    assert any(e.ts > high_done for e in low_steps), f"the LOW child resumed after the HIGH child: {timeline}"
     # The orchestrator suspended the LOW child's run for the HIGH child, and resumed it afterwards.
     decisions = [
         (e.metadata.get("decision"), e.metadata.get("status"))
