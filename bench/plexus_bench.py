@@ -121,6 +121,20 @@ def build_app(name: str) -> App:
 
 
 # -- worker process ------------------------------------------------------------------------------------
+class _CollectorClock:
+    """Time the worker process spends in the cyclic garbage collector (`gc.callbacks`)."""
+
+    def __init__(self) -> None:
+        self.total_s = 0.0
+        self._started = 0.0
+
+    def on_gc(self, phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.total_s += time.perf_counter() - self._started
+
+
 async def serve(url: str, app_name: str) -> None:
     app = build_app(app_name)
     rt = await Runtime.connect(url, namespace=app.namespace)
@@ -132,14 +146,22 @@ async def serve(url: str, app_name: str) -> None:
     )
     worker = Worker(app, rt, config)
     await worker.start()
+    collecting = _CollectorClock()
+    gc.callbacks.append(collecting.on_gc)
 
     async def control(msg: Msg) -> None:
         if msg.data == b"passivate":
             # No public hook forces passivation; make every activation idle and run one round now.
             worker.config = dataclasses.replace(worker.config, idle_passivate_s=0.0)
             await worker._passivate()
+        gc_s = collecting.total_s  # before the collection below, which is the bench's, not the worker's
         gc.collect()
-        stats = {"rss": rss_bytes(), "activations": len(worker._activations), "pid": os.getpid()}
+        stats = {
+            "rss": rss_bytes(),
+            "activations": len(worker._activations),
+            "pid": os.getpid(),
+            "gc_s": gc_s,
+        }
         await msg.respond(json.dumps(stats).encode())
 
     await rt.nc.subscribe(f"{CTL}.{app_name}", cb=control)
@@ -312,9 +334,9 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
     blocks = [TextBlock(text=PAYLOAD)]
     lanes = 100
 
-    async def stats(command: bytes = b"stats") -> dict[str, int]:
+    async def stats(command: bytes = b"stats") -> dict[str, float]:
         reply = await rt.nc.request(f"{CTL}.keys", command, timeout=60)
-        data: dict[str, int] = json.loads(reply.data)
+        data: dict[str, float] = json.loads(reply.data)
         return data
 
     few = [AgentId("keyed", f"few{k}") for k in range(10)]
@@ -323,6 +345,7 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
         await rt.send_message(blocks, few[i % 10], timeout=60)
 
     await closed_loop(min(500, sizes.keys_small), lanes, call_few)  # warm-up
+    collector_us: list[float] = []
     baseline = await stats()
     for rep in range(sizes.keys_repeats):
         small, _ = await closed_loop(sizes.keys_small, lanes, call_few)
@@ -338,6 +361,8 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
         results.add("plexus.keys.ratio", "×", many / small)
         grown = after["activations"] - before["activations"]
         results.add("plexus.mem.per_activation", "B", (after["rss"] - before["rss"]) / max(grown, 1))
+        # The worker's collector time per distinct-key message (full collections grow with live activations).
+        collector_us.append(round(1e6 * (after["gc_s"] - before["gc_s"]) / sizes.keys_many, 2))
     peak = await stats()
     dropped = await stats(b"passivate")
     results.add("plexus.mem.peak", "MB", peak["rss"] / 1e6)
@@ -347,6 +372,7 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
         "activations_at_peak": peak["activations"],
         "activations_after_passivation": dropped["activations"],
         "rss_baseline_mb": baseline["rss"] / 1e6,
+        "worker_gc_us_per_distinct_key_message": collector_us,
     }
 
 
