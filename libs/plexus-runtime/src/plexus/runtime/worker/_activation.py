@@ -85,7 +85,7 @@ class Activation:
     last_used: float = field(default_factory=time.monotonic)
     #: Ids of messages whose entries are in the EventLog after the checkpoint's sequence: a worker died
     #: between the two writes. Their redelivery is handled again but not logged a second time. Almost
-    #: always empty: the shared `NO_IDS` then, not a set of its own (see `_log_lock`).
+    #: always empty: the shared `NO_IDS` then, so an idle activation holds no set of its own.
     logged: frozenset[str] = NO_IDS
     #: Messages committed by their EventLog append alone since the checkpoint was last written.
     unsaved: int = 0

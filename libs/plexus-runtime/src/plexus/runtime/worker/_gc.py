@@ -8,8 +8,8 @@ times a second. A worker holding 25k activations spent ≈ 30 % of its CPU there
 distinct keys). With a young threshold of 20,000 transient objects are freed by reference counting
 before a collection sees them, and full collections become rare.
 
-The thresholds are the process's: the first worker to start sets them, the last to stop puts back
-what it found (`WorkerConfig.gc_threshold`; None leaves the collector alone).
+The thresholds are the process's: the first worker whose start succeeds sets them, the last to stop puts
+back what it found (`WorkerConfig.gc_threshold`; None leaves the collector alone).
 """
 
 from __future__ import annotations

@@ -31,7 +31,7 @@ from plexus.runtime.wire._envelope import (
 from plexus.runtime.wire._subjects import SubjectTooLongError, checkpoint_key, reply_subject_problem
 
 from ._deadletter import dead_letter
-from ._work import _envelope_problem, _Work
+from ._work import _envelope_problem, _id_problem, _origin_problem, _Work
 
 if TYPE_CHECKING:
     from plexus.runtime.client._client import Runtime
@@ -133,7 +133,7 @@ class Intake:
         if env.reply_to is not None and not await self._reply_ok(msg, env.reply_to, env):
             return []
         # The sender's and the run's ids, as every copy carries them (each copy's own id is checked below).
-        problem = _envelope_problem(env, own_id=False)
+        problem = _origin_problem(env)
         if problem is not None:
             await self.dead_letter(msg, "schema", problem, env)
             return []
@@ -146,11 +146,7 @@ class Intake:
             env = msgspec.structs.replace(env, run=new_root_run())
         # A copy's id is the publication's, a dot and a type name (no whitespace; never a minted id of
         # another kind): when the longest is a valid message id, every one is.
-        longest = max(agent_types, key=len)
-        copy_ids_ok = (
-            _envelope_problem(msgspec.structs.replace(env, id=topic_copy_id(env.id, longest)), origin=False)
-            is None
-        )
+        copy_ids_ok = _id_problem(topic_copy_id(env.id, max(agent_types, key=len))) is None
         works = []
         for name in agent_types:
             work = await self._topic_copy(msg, env, topic, name, blocks, copy_ids_ok)
@@ -176,20 +172,20 @@ class Intake:
         self, msg: Msg, env: Envelope, topic: TopicId, name: str, blocks: list[BaseBlock], id_ok: bool
     ) -> _Work | None:
         """Agent type `name`'s copy of publication `env`, or None when that copy was dead-lettered."""
-        copy = msgspec.structs.replace(env, id=topic_copy_id(env.id, name))
+        copy_id = topic_copy_id(env.id, name)
         try:
             agent_id = AgentId.parse(f"{topic.namespace}/{name}/{topic.source}")  # parsed ids are cached
         except ValueError as exc:
-            await self.dead_letter(msg, "target", str(exc), copy)
+            await self.dead_letter(msg, "target", str(exc), msgspec.structs.replace(env, id=copy_id))
             return None
-        copy = msgspec.structs.replace(copy, target=str(agent_id))
+        copy = msgspec.structs.replace(env, id=copy_id, target=str(agent_id))
         agent_type = self.app.get(name)
         if agent_type is None or agent_type.namespace != agent_id.namespace:
             await self.dead_letter(msg, "unregistered", f"no agent type {name!r} here", copy)
             return None
         if not await self._key_ok(msg, agent_id, copy):
             return None
-        problem = None if id_ok else _envelope_problem(copy, origin=False)
+        problem = None if id_ok else _id_problem(copy_id)
         if problem is not None:
             await self.dead_letter(msg, "schema", problem, copy)
             return None

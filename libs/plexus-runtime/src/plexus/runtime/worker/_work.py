@@ -127,14 +127,23 @@ class _Work:
         return self.env.reply_to if self.durable else (self.msg.reply or self.env.reply_to)
 
 
-def _envelope_problem(env: Envelope, *, own_id: bool = True, origin: bool = True) -> str | None:
-    """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries):
-    its own id, and (`origin`) its sender's and its run's."""
+def _envelope_problem(env: Envelope) -> str | None:
+    """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries)."""
+    return _id_problem(env.id) or _origin_problem(env)
+
+
+def _id_problem(message_id: str) -> str | None:
+    """Why `message_id` cannot be a message's id."""
     try:
-        if own_id:
-            MessageId.parse(env.id)
-        if not origin:
-            return None
+        MessageId.parse(message_id)
+    except (ValueError, TypeError) as exc:
+        return str(exc)
+    return None
+
+
+def _origin_problem(env: Envelope) -> str | None:
+    """Why the sender's or the run's ids of `env` cannot be used."""
+    try:
         if env.sender is not None:
             AgentId.parse(env.sender)
         if env.run is not None:
