@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+import msgspec
 import pytest
 
 from plexus.core import (
@@ -13,10 +15,12 @@ from plexus.core import (
     ExecutionBudget,
     TextBlock,
     TextDelta,
+    Usage,
     stream_event_from_json,
 )
 from plexus.llm import LLMAgent, ModelRequest, ScriptedModel, ScriptedTurn, tool
-from plexus.runtime import App, Runtime, new_root_run
+from plexus.runtime import App, Context, Runtime, new_root_run
+from plexus.runtime.client._cluster import ClusterSupervisor, RunControl
 
 
 @tool
@@ -82,3 +86,47 @@ async def test_progress_steps_and_live_text_deltas(runtime: Runtime, start_worke
         AgentStep.THINKING,
         AgentStep.DONE,
     ]
+
+
+#: The budget accounting of another process (set by the test): another agent of the tree, elsewhere.
+ELSEWHERE: list[ClusterSupervisor] = []
+
+
+@tool
+async def spend(ctx: Context) -> str:
+    """Meanwhile another agent of the tree, on another worker, spends the tree's tokens."""
+    assert ctx.run is not None
+    with contextlib.suppress(BudgetExhaustedError):
+        await ELSEWHERE[0].consume(ctx.run, AgentId("other", "x"), Usage(output_tokens=500), 1)
+    return "spent"
+
+
+@pytest.mark.parametrize(("check_max_age", "model_calls"), [(0.0, 1), (60.0, 2)])
+async def test_the_check_before_a_model_call_reads_the_tree_unless_a_verdict_of_that_age_exists(
+    runtime: Runtime, start_worker: Any, check_max_age: float, model_calls: int
+) -> None:
+    """Between the tool step and the next model call another agent spends the tree's budget. Checking
+    every time (``check_max_age=0``) stops the loop before its second model call; accepting the verdict of
+    the first call's consume (60 s old at most) makes the second call, whose own consume then stops it —
+    the budget is never passed by more than the calls already under way when it was spent. (No
+    orchestrator runs here: it would also end the tree by broadcast as soon as it saw the spend.)"""
+    ELSEWHERE[:] = [ClusterSupervisor(runtime.connection, RunControl(runtime.connection))]
+    model = ScriptedModel(
+        [ScriptedTurn(text="spending", tool_calls=[("c1", "spend", {})]), ScriptedTurn(text="done")]
+    )
+    app = App()
+    app.register("budgeted", lambda _id: LLMAgent(model, tools=[spend], check_max_age=check_max_age))
+    await start_worker(app)
+    # A run with cluster-wide accounting, entered from an agent (not a run's start: nothing to report).
+    run = msgspec.structs.replace(new_root_run(budget=ExecutionBudget(max_tokens=100)), orchestrated=True)
+    with pytest.raises(BudgetExhaustedError) as info:
+        await runtime.send_message(
+            [TextBlock(text="go")], AgentId("budgeted", "b"), timeout=20, run=run, sender=AgentId("t", "t")
+        )
+    assert info.value.dimension == "tokens"
+    assert len(model.requests) == model_calls
+
+
+def test_check_max_age_is_never_negative() -> None:
+    with pytest.raises(ValueError, match="check_max_age"):
+        LLMAgent(ScriptedModel([]), check_max_age=-1)

@@ -97,20 +97,6 @@ async def test_denied_call_is_an_error_the_model_sees(runtime: Runtime, start_wo
     assert "too much" in error.message
 
 
-@pytest.fixture
-async def orchestrator(runtime: Runtime) -> Any:
-    """An in-process orchestrator replica on its own connection (the tests' process is not the worker's)."""
-    orchestration = pytest.importorskip("plexus.orchestrator")
-    url = runtime.nc.connected_url
-    assert url is not None
-    orch = await orchestration.Orchestrator.connect(f"nats://{url.hostname}:{url.port}")
-    await orch.start()
-    try:
-        yield orch
-    finally:
-        await orch.stop()
-
-
 async def _started(runtime: Runtime, agent: AgentId) -> str:
     async with asyncio.timeout(20):
         while True:

@@ -4,13 +4,27 @@ call moves and reads the budgeted ones it does not, so a consume enforces the wh
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
 import pytest
 
-from plexus.core import AgentId, BudgetExhaustedError, Cost, ExecutionBudget, Usage
-from plexus.runtime import Runtime
+from plexus.core import (
+    AgentId,
+    BaseBlock,
+    BudgetExhaustedError,
+    CancellationError,
+    Cost,
+    ExecutionBudget,
+    KernelError,
+    TextBlock,
+    Usage,
+)
+from plexus.runtime import Agent, App, Context, Runtime
 from plexus.runtime.client._cluster import ClusterSupervisor, RunControl
 from plexus.runtime.client._supervisor import new_root_run
+from plexus.runtime.wire._envelope import RunInfo
+from plexus.runtime.wire._orchestration import CancelNotice
 
 
 async def test_a_consume_moving_tokens_only_still_enforces_a_spent_cost_budget(runtime: Runtime) -> None:
@@ -27,3 +41,50 @@ async def test_a_consume_moving_tokens_only_still_enforces_a_spent_cost_budget(r
     assert refused.value.dimension == "cost"
     with pytest.raises(BudgetExhaustedError):
         await supervisor.check(run)
+
+
+def _orchestrated(budget: ExecutionBudget) -> RunInfo:
+    return msgspec.structs.replace(new_root_run(budget=budget), orchestrated=True)
+
+
+async def test_a_check_that_accepts_an_age_answers_from_this_process_s_last_verdict(runtime: Runtime) -> None:
+    """`check(max_age_s=…)` skips the server while this process verified the tree's budget within that age
+    (the LLM loop's check before a step that follows a model call's consume); without an age it reads the
+    counters; and once this process has seen the budget spent, no age makes a check pass again."""
+    run = _orchestrated(ExecutionBudget(max_tokens=100))
+    here = ClusterSupervisor(runtime.connection, RunControl(runtime.connection))
+    elsewhere = ClusterSupervisor(runtime.connection, RunControl(runtime.connection))  # another process
+    agent = AgentId("spender", "k")
+    await here.consume(run, agent, Usage(output_tokens=10), 1)  # within limits: verified now
+    with pytest.raises(BudgetExhaustedError):
+        await elsewhere.consume(run, agent, Usage(output_tokens=500), 1)
+    await here.check(run, max_age_s=60.0)  # the verdict of moments ago, accepted at that age
+    with pytest.raises(BudgetExhaustedError):
+        await here.check(run, max_age_s=0.0001)  # older than that: read again
+    with pytest.raises(BudgetExhaustedError):
+        await here.check(run, max_age_s=60.0)  # seen spent: never answered from memory again
+    await elsewhere.check(_orchestrated(ExecutionBudget(max_tokens=100)), max_age_s=60.0)  # another tree
+
+
+async def test_a_check_that_accepts_an_age_still_sees_a_cancelled_tree_at_once(runtime: Runtime) -> None:
+    run = _orchestrated(ExecutionBudget(max_tokens=100))
+    control = RunControl(runtime.connection)
+    here = ClusterSupervisor(runtime.connection, control)
+    await here.check(run)
+    await here.check(run, max_age_s=60.0)
+    control.on_cancel(CancelNotice(root_id=run.root_id, run_id=run.run_id, reason="user"))
+    with pytest.raises(CancellationError):
+        await here.check(run, max_age_s=60.0)
+
+
+async def test_context_check_refuses_a_negative_age(runtime: Runtime, start_worker: Any) -> None:
+    class Checker(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            await ctx.check(max_age=-1)
+            return blocks
+
+    app = App()
+    app.register("checker", lambda _id: Checker(), durable=False)
+    await start_worker(app)
+    with pytest.raises(KernelError, match="max_age must be >= 0"):
+        await runtime.send_message([TextBlock(text="x")], AgentId("checker", "c"), timeout=10)

@@ -66,6 +66,10 @@ class LLMAgent(Agent):
 
     The conversation is kept in the agent's state, so it survives restarts and moves between workers.
     ``journal=False`` turns off the per-step journal (a stateless demo, or a model that costs nothing).
+    ``check_max_age``: before each step the loop checks the run tree (`Context.check`); a model call or
+    tool step may start on the tree's budget as verified at most this many seconds ago (by the last
+    ``ctx.usage()`` after a model call, or a check) instead of reading it again; 0 reads it every time.
+    Cancellation and preemption are always as known now.
     """
 
     def __init__(
@@ -80,10 +84,14 @@ class LLMAgent(Agent):
         journal: bool = True,
         compaction: CompactionPipeline | None = None,
         middleware: Sequence[Middleware] = (),
+        check_max_age: float = 0.5,
     ) -> None:
         super().__init__()
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
+        if not check_max_age >= 0:
+            raise ValueError(f"check_max_age must be >= 0, got {check_max_age}")
+        self.check_max_age = check_max_age
         self.model = model
         self.system = system
         self.tools = ToolRegistry(tools)
@@ -102,7 +110,6 @@ class LLMAgent(Agent):
         #: A journal write a failed handling left in flight: the next handling waits for it to end first,
         #: or its journal read could miss it (and its first append conflict with it).
         self._abandoned: asyncio.Future[int] | None = None
-        self._consumed = False  # the last model step reported its usage (and so checked the tree)
 
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
@@ -119,13 +126,7 @@ class LLMAgent(Agent):
 
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         self._message_usage = Usage()
-        journal = None
-        if self.journal_enabled:
-            abandoned, self._abandoned = self._abandoned, None
-            if abandoned is not None:
-                await asyncio.wait({abandoned})  # its outcome does not matter, only that it is over
-            journal = self._journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
-            self._journal_end = None
+        journal = self._journal = await self._open(ctx)
         history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
         decision = approval_of(blocks)
         pending = self.state.get(PENDING_KEY)
@@ -164,7 +165,7 @@ class LLMAgent(Agent):
         finish = "max_turns"
         last: ModelTurn | None = None
         for _ in range(self.max_turns):
-            await ctx.check()
+            await ctx.check(max_age=self.check_max_age)
             if self.compaction is not None:
                 # Deterministic strategies give the same result when a crash-retried handler replays.
                 last_input = last.usage.input_tokens if last is not None else None
@@ -211,6 +212,25 @@ class LLMAgent(Agent):
             AgentStep.DONE, metadata={"finish": finish, "steps": step, "usage": self._usage_meta()}
         )
         return _reply(last, finish)
+
+    async def _open(self, ctx: Context) -> Journal | None:
+        """Check the run tree and open the message's journal: the two reads go out together."""
+        if not self.journal_enabled:
+            await ctx.check()
+            return None
+        abandoned, self._abandoned = self._abandoned, None
+        if abandoned is not None:
+            await asyncio.wait({abandoned})  # its outcome does not matter, only that it is over
+        checked = asyncio.ensure_future(ctx.check())
+        try:
+            journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
+        except BaseException:
+            checked.cancel()
+            checked.add_done_callback(_collect)
+            raise
+        self._journal_end = None
+        await checked  # the first step needs no check of its own now (check_max_age)
+        return journal
 
     def _usage_meta(self) -> dict[str, Any]:
         """This message's model usage so far, for progress events: viewers show it per agent, live."""
@@ -262,18 +282,13 @@ class LLMAgent(Agent):
             and calls
             and not self._needs_approval(calls)
         ):
-            if self._consumed:
-                # ctx.usage() just checked the tree (budget, end, pause) on the server; the local
-                # cancellation is all that can have changed since.
-                turn.ctx.cancellation.check()
-            else:
-                await turn.ctx.check()  # the turn came from the journal: nothing was checked yet
+            # Right after a model call its ctx.usage() verified the tree's budget: no second read.
+            await turn.ctx.check(max_age=self.check_max_age)
             outcome.append(await self._tool_step(turn.ctx, model_turn.tool_calls, journal, step + 1))
 
     async def _model_step(
         self, ctx: Context, items: list[Item], journal: Journal | None, step: int
     ) -> ModelTurn:
-        self._consumed = False
         done = journal.replayed(step) if journal is not None else None
         if done is not None and done.finish_reason is not None:
             # Already paid for (and already counted against the budget) before the crash.
@@ -310,7 +325,6 @@ class LLMAgent(Agent):
         )
         self._message_usage = self._message_usage + turn.usage
         await ctx.usage(turn.usage, turns=1)  # may raise BudgetExhaustedError: the tree's budget is spent
-        self._consumed = True
         return turn
 
     async def _stream_turn(self, ctx: Context, request: ModelRequest) -> ModelTurn:
@@ -344,10 +358,13 @@ class LLMAgent(Agent):
                 batches.setdefault(c.tool_name, []).append(c)
         for name, batch in batches.items():
             results.update(await self._batch(ctx, name, batch))
-        outcomes = await asyncio.gather(*(self._call(ctx, c) for c in parallel))
+        if len(parallel) == 1:  # the common case: no task of its own to wait for
+            outcomes = [await self._call(ctx, parallel[0])]
+        else:
+            outcomes = await asyncio.gather(*(self._call(ctx, c) for c in parallel))
         results.update({c.call_id: r for c, r in zip(parallel, outcomes, strict=True)})
         for call in sequential:
-            await ctx.check()
+            await ctx.check(max_age=self.check_max_age)
             results[call.call_id] = await self._call(ctx, call)
         item = Item(kind=ItemKind.TOOL, blocks=[results[c.call_id] for c in calls])
         if journal is not None:
@@ -461,6 +478,11 @@ async def _race_cancellation(ctx: Context, work: Any) -> ModelTurn:
         raise
     finally:
         registration.unregister()
+
+
+def _collect(future: asyncio.Future[None]) -> None:
+    if not future.cancelled():
+        future.exception()
 
 
 def _problem(invalid: JsonValue) -> str:

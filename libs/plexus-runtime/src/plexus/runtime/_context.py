@@ -47,7 +47,7 @@ class ContextBackend(Protocol):
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None: ...
 
-    async def check_from(self, ctx: Context) -> None: ...
+    async def check_from(self, ctx: Context, max_age_s: float) -> None: ...
 
     async def spawn_from(
         self,
@@ -128,10 +128,17 @@ class Context:
             usage = Usage(output_tokens=tokens, cost=Cost(amount=cost_usd) if cost_usd else None)
         await self._backend.usage_from(self, usage, turns)
 
-    async def check(self) -> None:
+    async def check(self, *, max_age: float = 0.0) -> None:
         """Raise if this agent should stop: the tree's budget is exhausted (BudgetExhaustedError), the run
-        was cancelled or passed its deadline (CancellationError); park here while preempted."""
-        await self._backend.check_from(self)
+        was cancelled or passed its deadline (CancellationError); park here while preempted.
+
+        ``max_age`` (seconds): in an orchestrated run, accept the tree's budget as this process last verified
+        it (a `usage` or `check` of any agent of the same tree) if that was at most ``max_age`` ago, instead
+        of reading it from the server; cancellation and preemption are always as known now. 0 (the default)
+        reads it every time."""
+        if max_age < 0:
+            raise ValueError(f"max_age must be >= 0, got {max_age}")
+        await self._backend.check_from(self, max_age)
         self.cancellation.check()
 
     async def spawn(

@@ -222,6 +222,30 @@ class ClusterSupervisor:
         self.control = control
         self.client = client or OrchestratorClient(rt)
         self.local = LocalSupervisor()
+        #: Run tree root -> when the last read that found its whole budget within limits was sent
+        #: (monotonic), or None once one found it exhausted.
+        self._verified: OrderedDict[str, float | None] = OrderedDict()
+        self._memory = 10_000
+
+    def _verdict(self, run: RunInfo, totals: dict[str, int], read_at: float) -> None:
+        """Enforce ``totals`` (read at ``read_at``) and remember the verdict for checks that accept an age."""
+        try:
+            self._enforce(run, totals)
+        except BudgetExhaustedError:
+            # Never within limits again (the counters only grow): no later answer, even one read before
+            # this one and processed after it, may let a check skip the server.
+            self._verified[run.root_id] = None
+            raise
+        if self._verified.get(run.root_id, 0.0) is None:
+            return
+        self._verified[run.root_id] = max(read_at, self._verified.get(run.root_id) or 0.0)
+        self._verified.move_to_end(run.root_id)
+        while len(self._verified) > self._memory:
+            self._verified.popitem(last=False)
+
+    def _verified_within(self, root_id: str, max_age_s: float) -> bool:
+        at = self._verified.get(root_id)
+        return at is not None and time.monotonic() - at <= max_age_s
 
     def _counter(self, run: RunInfo, dimension: str) -> str:
         return budget_counter_subject(
@@ -245,6 +269,7 @@ class ClusterSupervisor:
         limits = run.budget or {}
         unmoved = [d for d, limit in _DIMENSIONS if limits.get(limit) is not None and not deltas[d]]
         stream = self.rt.topology.names.counters_stream
+        read_at = time.monotonic()
         acks = self.rt.acks  # an increment is a JetStream publish whose ack carries the new total
         increments = [
             await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})
@@ -267,18 +292,27 @@ class ClusterSupervisor:
             total = _counter_value(read)
             if total is not None:
                 totals[dimension] = total
-        self._enforce(run, totals)
+        self._verdict(run, totals, read_at)
         await self.control.wait_if_paused(run.run_id)
 
-    async def check(self, run: RunInfo) -> None:
+    async def check(self, run: RunInfo, max_age_s: float = 0.0) -> None:
         if not run.orchestrated:
             await self.local.check(run)
+            return
+        if max_age_s > 0 and self._verified_within(run.root_id, max_age_s):
+            # The budget as verified moments ago (the caller accepts that age); the tree's end and a
+            # preemption are what this process knows now (broadcasts), as on the full path.
+            known = self.control.cancelled.get(run.root_id)
+            if known is not None:
+                raise known
+            await self.control.wait_if_paused(run.run_id)
             return
         stream = self.rt.topology.names.counters_stream
         # Only the dimensions the budget limits, read together with the run's end (a first check of a run
         # reads its record): one round trip, not one per read (a check runs before every model call).
         limits = run.budget or {}
         names = [dimension for dimension, limit in _DIMENSIONS if limits.get(limit) is not None]
+        read_at = time.monotonic()
         ended, *found = await asyncio.gather(
             self.control.terminal_error(run),
             *(self.rt.gets.get_last_msg(stream, self._counter(run, d)) for d in names),
@@ -291,7 +325,7 @@ class ClusterSupervisor:
             total = _counter_value(msg)
             if total is not None:
                 totals[dimension] = total
-        self._enforce(run, totals)
+        self._verdict(run, totals, read_at)
         await self.control.wait_if_paused(run.run_id)
 
     async def _raise_if_ended(self, run: RunInfo) -> None:

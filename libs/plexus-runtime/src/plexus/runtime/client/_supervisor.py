@@ -26,8 +26,11 @@ class Supervisor(Protocol):
         """Account `usage` to the run tree; raise BudgetExhaustedError when a dimension is exhausted."""
         ...
 
-    async def check(self, run: RunInfo) -> None:
-        """Raise if the run tree may not continue (budget exhausted, cancelled, past its deadline)."""
+    async def check(self, run: RunInfo, max_age_s: float = 0.0) -> None:
+        """Raise if the run tree may not continue (budget exhausted, cancelled, past its deadline).
+
+        ``max_age_s``: the tree's budget may be taken as this process last verified it (a consume or check
+        of the same tree) when that was at most this long ago, instead of being read again."""
         ...
 
     async def spawn(
@@ -121,7 +124,8 @@ class LocalSupervisor:
         totals.turns += turns
         await self.check(run)
 
-    async def check(self, run: RunInfo) -> None:
+    async def check(self, run: RunInfo, max_age_s: float = 0.0) -> None:
+        # The totals are this process's own: always current, so ``max_age_s`` changes nothing here.
         if run.budget is None:
             return
         budget = ExecutionBudget.model_validate(run.budget)

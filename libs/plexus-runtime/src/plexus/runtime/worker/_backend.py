@@ -187,8 +187,8 @@ class WorkerBackend:
     async def _usage_terminal(self, inp: UsageInput) -> None:
         await self.supervisor.consume(self._run(inp.ctx), inp.ctx.agent_id, inp.usage, inp.turns)
 
-    async def check_from(self, ctx: Context) -> None:
-        await self.supervisor.check(self._run(ctx))
+    async def check_from(self, ctx: Context, max_age_s: float) -> None:
+        await self.supervisor.check(self._run(ctx), max_age_s)
 
     async def spawn_from(
         self,
