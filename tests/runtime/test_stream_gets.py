@@ -102,3 +102,44 @@ async def test_a_checkpoint_store_reading_through_it_loads_what_kv_get_loads(nc:
     await plain.save("ns.t.purged", b"x", None)
     await kv.purge("ns.t.purged")
     await same("ns.t.purged")
+
+
+async def test_kv_entries_are_what_kv_get_reads(nc: NATS) -> None:
+    """`StreamGets.kv_entry`: the value and revision ``kv.get`` gives, None where it raises KeyNotFoundError
+    (never put, deleted, purged, no such bucket)."""
+    js, gets = nc.jetstream(), StreamGets(nc)
+    kv = await js.create_key_value(bucket="gets_kv")
+
+    async def same(key: str, bucket: str = "gets_kv") -> None:
+        ours = await gets.kv_entry(bucket, key)
+        try:
+            entry = await (await js.key_value(bucket)).get(key) if bucket == "gets_kv" else None
+        except nats.js.errors.KeyNotFoundError:
+            entry = None
+        theirs = None if entry is None else (entry.value or b"", entry.revision)
+        assert (None if ours is None else (ours.data or b"", ours.seq)) == theirs, key
+
+    await same("missing")
+    await kv.put("k", b"one")
+    await kv.put("k", b"two")
+    await same("k")
+    await kv.put("empty", b"")
+    await same("empty")
+    await kv.put("gone", b"x")
+    await kv.delete("gone")
+    await same("gone")
+    await kv.put("purged", b"x")
+    await kv.purge("purged")
+    await same("purged")
+    assert await gets.kv_entry("no_such_bucket", "k") is None
+
+
+async def test_stop_unsubscribes_and_a_later_read_subscribes_again(nc: NATS) -> None:
+    js, gets = nc.jetstream(), StreamGets(nc)
+    await js.publish("gets.s", b"x")
+    assert (await gets.get_last_msg(STREAM, "gets.s")).data == b"x"
+    subscriptions = len(nc._subs)
+    await gets.stop()
+    assert len(nc._subs) == subscriptions - 1
+    assert (await gets.get_last_msg(STREAM, "gets.s")).data == b"x"
+    assert len(nc._subs) == subscriptions

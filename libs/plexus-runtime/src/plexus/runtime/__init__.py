@@ -6,7 +6,7 @@ Public API (everything else is private and may change):
 - running them: `Worker`, `WorkerConfig`, the `plexus` CLI (`plexus.runtime.cli`)
 - calling them: `Runtime` (send, publish, progress, stream, subscriptions, registry queries)
 - cross-cutting features: `Interceptor` and its inputs, the built-in interceptors, the `Supervisor` seam
-- storage: `EventLog`, `CheckpointStore`, `ArtifactStore`
+- storage: `EventLog`, `CheckpointStore`, `ArtifactStore`, `StreamGets` (last messages and KV entries)
 - infrastructure: `NatsServer`, `NatsCluster` (embedded nats-server), subjects and the wire envelope
 """
 
@@ -40,6 +40,7 @@ from .store._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLa
 from .store._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
 from .store._commit import MessageCommitted
 from .store._eventlog import EventLog, LogRecord
+from .store._gets import StreamGets
 from .store._mirror import kv_keys
 from .store._outage import is_unavailable
 from .store._registry import AgentTypeInfo, Registry, WorkerInfo
@@ -102,6 +103,7 @@ __all__ = [
     "ServiceUnavailableError",
     "SettingsError",
     "SpawnInput",
+    "StreamGets",
     "SubjectTooLongError",
     "Subjects",
     "Subscription",

@@ -22,10 +22,10 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from plexus.core import BudgetExhaustedError, ExecutionBudget
-from plexus.runtime import escape_token, unescape_token
+from plexus.runtime import StreamGets, escape_token, unescape_token
 from plexus.runtime.orchestration import COST_SCALE, UsageTotals, budget_counter_subject
 
-__all__ = ["DIMENSIONS", "BudgetWatcher", "budget_error", "read_usage"]
+__all__ = ["DIMENSIONS", "BudgetWatcher", "budget_error", "limited_dimensions", "read_usage"]
 
 log = logging.getLogger("plexus.orchestrator")
 
@@ -48,9 +48,22 @@ def budget_error(budget: dict[str, Any] | None, usage: UsageTotals) -> BudgetExh
     return None
 
 
-async def read_counter(js: JetStreamContext, stream: str, subject: str) -> int:
+def limited_dimensions(budget: dict[str, Any] | None) -> tuple[str, ...]:
+    """The counters a budget limits (the only ones `budget_error` compares)."""
+    if not budget:
+        return ()
+    limits = ExecutionBudget.model_validate(budget)
+    named = (
+        ("tokens", limits.max_tokens),
+        ("cost_micros", limits.max_cost_usd),
+        ("turns", limits.max_turns),
+    )
+    return tuple(dimension for dimension, limit in named if limit is not None)
+
+
+async def read_counter(reader: JetStreamContext | StreamGets, stream: str, subject: str) -> int:
     try:
-        msg = await js.get_last_msg(stream, subject)
+        msg = await reader.get_last_msg(stream, subject)
     except NotFoundError:
         return 0  # never incremented
     try:
@@ -61,17 +74,23 @@ async def read_counter(js: JetStreamContext, stream: str, subject: str) -> int:
 
 
 async def read_usage(
-    js: JetStreamContext, stream: str, prefix: str, namespaces: Iterable[str], root_id: str
+    reader: JetStreamContext | StreamGets,
+    stream: str,
+    prefix: str,
+    namespaces: Iterable[str],
+    root_id: str,
+    dimensions: Iterable[str] = DIMENSIONS,
 ) -> UsageTotals:
-    """A tree's totals: each dimension summed over the namespaces its agents report from."""
+    """A tree's totals: each dimension summed over the namespaces its agents report from (only
+    ``dimensions`` are read; the others stay 0)."""
     root_tok = escape_token(root_id)
     totals = dict.fromkeys(DIMENSIONS, 0)
     reads = [
         (dimension, budget_counter_subject(prefix, escape_token(ns), root_tok, dimension))
         for ns in sorted(set(namespaces))
-        for dimension in DIMENSIONS
+        for dimension in dimensions
     ]
-    values = await asyncio.gather(*(read_counter(js, stream, subject) for _, subject in reads))
+    values = await asyncio.gather(*(read_counter(reader, stream, subject) for _, subject in reads))
     for (dimension, _), value in zip(reads, values, strict=True):
         totals[dimension] += value
     return UsageTotals(**totals)

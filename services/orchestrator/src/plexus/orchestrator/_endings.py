@@ -9,8 +9,10 @@ ended but whose slots are still held.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -39,7 +41,7 @@ from plexus.runtime.orchestration import (
     UsageTotals,
 )
 
-from ._budget import budget_error, read_usage
+from ._budget import DIMENSIONS, budget_error, limited_dimensions, read_usage
 from ._events import Announcer, namespace_of
 from ._store import RunStore
 
@@ -108,12 +110,19 @@ class EngineCore:
         self.hosts: HostCheck | None = None
 
     # -- helpers --------------------------------------------------------------------------------------
-    async def usage(self, root: RunRecord, tree: TreeRecord | None = None) -> UsageTotals:
+    async def usage(
+        self, root: RunRecord, tree: TreeRecord | None = None, dimensions: Iterable[str] = DIMENSIONS
+    ) -> UsageTotals:
         namespaces = {namespace_of(root.agent_id)}
         if tree is not None:
             namespaces.update(namespace_of(slot.agent_id) for slot in tree.active.values())
         return await read_usage(
-            self.js, self.config.counters_stream, self.config.prefix, namespaces, root.run_id
+            self.store.gets or self.js,
+            self.config.counters_stream,
+            self.config.prefix,
+            namespaces,
+            root.run_id,
+            dimensions,
         )
 
     async def _root_of(self, record: RunRecord) -> RunRecord:
@@ -141,15 +150,28 @@ class EngineCore:
         return namespace_of(found[0].agent_id if found else record.agent_id)
 
     # -- tree-wide endings ----------------------------------------------------------------------------
-    async def check_budget(self, root_id: str) -> bool:
-        found = await self.store.get_run(root_id)
-        if found is None or found[0].parent_id is not None:
+    async def check_budget(self, root_id: str, known: RunRecord | None = None) -> bool:
+        """Fail the tree if its counters are over its budget. ``known``: the root's record as the caller
+        has it (a mirror may lag, but a root's parent and budget never change, and a stale status only
+        costs this read: `end_tree` decides on the stored record)."""
+        if known is None:
+            found = await self.store.get_run(root_id)
+            if found is None:
+                return False
+            known = found[0]
+        root = known
+        if root.parent_id is not None or root.status in TERMINAL or not root.budget:
             return False
-        root = found[0]
-        if root.status in TERMINAL or not root.budget:
-            return False
-        tree = await self.store.get_tree(root_id)
-        usage = await self.usage(root, tree[0] if tree else None)
+        dimensions = limited_dimensions(root.budget)
+        # The root's own namespace is read while the tree is: agents elsewhere are the exception.
+        found_tree, usage = await asyncio.gather(
+            self.store.get_tree(root_id), self.usage(root, None, dimensions)
+        )
+        tree = found_tree[0] if found_tree else None
+        if tree is not None and any(
+            namespace_of(slot.agent_id) != namespace_of(root.agent_id) for slot in tree.active.values()
+        ):
+            usage = await self.usage(root, tree, dimensions)
         error = budget_error(root.budget, usage)
         if error is None:
             return False

@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import NatsAuth, Registry, TopologyNames, ensure_topology
+from plexus.runtime import NatsAuth, Registry, StreamGets, TopologyNames, ensure_topology
 
 from ._budget import BudgetWatcher
 from ._engine import Engine, EngineConfig
@@ -49,6 +49,7 @@ class Orchestrator:
         self.config = config or OrchestratorConfig()
         self._own_connection = own_connection
         self.store: RunStore | None = None
+        self.gets: StreamGets | None = None
         self.engine: Engine | None = None
         self.index: RunIndex | None = None
         self.sweeper: Sweeper | None = None
@@ -109,7 +110,9 @@ class Orchestrator:
     async def start(self) -> Orchestrator:
         kv = await self._runs_bucket()
         names = self.config.names
-        self.store = RunStore(kv)
+        # Reads through the connection's multiplexed inbox (the runs bucket and the budget counters).
+        self.gets = StreamGets(self.nc)
+        self.store = RunStore(kv, gets=self.gets, bucket=names.runs_bucket)
         self.engine = Engine(
             self.nc,
             self.js,
@@ -147,11 +150,11 @@ class Orchestrator:
         known = self.index.runs.get(root_id)
         if known is not None and (known.parent_id is not None or not known.budget):
             return  # a live tree without a budget: nothing to compare (unknown ones are read from the KV)
-        await self.engine.check_budget(root_id)
+        await self.engine.check_budget(root_id, known)
 
     async def stop(self) -> None:
         """Stop taking requests, then stop the background duties; other replicas carry on."""
-        for part in (self.service, self.watcher, self.sweeper, self.index):
+        for part in (self.service, self.watcher, self.sweeper, self.index, self.gets):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.stop()

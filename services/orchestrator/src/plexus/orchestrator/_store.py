@@ -18,7 +18,7 @@ import msgspec
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import escape_token
+from plexus.runtime import StreamGets, escape_token
 from plexus.runtime.orchestration import (
     RunNotFoundError,
     RunRecord,
@@ -64,11 +64,21 @@ def tree_kv_key(root_id: str) -> str:
 
 
 class RunStore:
-    """Typed, CAS-only access to `plexus_runs`. ``attempts`` bounds the retries of one mutation."""
+    """Typed, CAS-only access to `plexus_runs`. ``attempts`` bounds the retries of one mutation.
 
-    def __init__(self, kv: KeyValue, *, attempts: int = 50) -> None:
+    ``gets``: reads go through it (the connection's multiplexed inbox, from the stream's leader as
+    ``kv.get`` reads them) instead of nats-py's ``kv.get``, whose request machinery and header parsing were
+    the larger part of a replica's CPU; ``bucket`` names the KV bucket for it."""
+
+    def __init__(
+        self, kv: KeyValue, *, attempts: int = 50, gets: StreamGets | None = None, bucket: str = ""
+    ) -> None:
+        if gets is not None and not bucket:
+            raise ValueError("reading through StreamGets needs the bucket's name")
         self.kv = kv
         self.attempts = attempts
+        self.gets = gets
+        self.bucket = bucket
 
     # -- runs -----------------------------------------------------------------------------------------
     async def get_run(self, run_id: str) -> tuple[RunRecord, int] | None:
@@ -128,21 +138,26 @@ class RunStore:
         await self.kv.put(input_key(escape_token(run_id)), payload)
 
     async def get_input(self, run_id: str) -> bytes | None:
-        try:
-            entry = await self.kv.get(input_key(escape_token(run_id)))
-        except KeyNotFoundError:
-            return None
-        return entry.value
+        found = await self._read(input_key(escape_token(run_id)))
+        return found[0] if found is not None else None
 
     # -- internals ------------------------------------------------------------------------------------
-    async def _get(self, key: str, decoder: msgspec.json.Decoder[S]) -> tuple[S, int] | None:
+    async def _read(self, key: str) -> tuple[bytes | None, int] | None:
+        """The key's value and revision; None when it has none (never put, deleted or purged)."""
+        if self.gets is not None:
+            raw = await self.gets.kv_entry(self.bucket, key)
+            return None if raw is None else (raw.data or b"", int(raw.seq or 0))
         try:
             entry = await self.kv.get(key)
         except KeyNotFoundError:
             return None
-        if not entry.value:
+        return entry.value, int(entry.revision or 0)
+
+    async def _get(self, key: str, decoder: msgspec.json.Decoder[S]) -> tuple[S, int] | None:
+        found = await self._read(key)
+        if found is None or not found[0]:
             return None
-        return decoder.decode(entry.value), int(entry.revision or 0)
+        return decoder.decode(found[0]), found[1]
 
     async def _create(self, key: str, record: RunRecord | TreeRecord) -> int | None:
         try:

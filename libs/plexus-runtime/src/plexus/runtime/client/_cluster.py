@@ -182,10 +182,8 @@ class RunControl:
             # that has not applied the orchestrator's last write yet, and a preempted agent that read
             # "running" there went on working while suspended (found by the e2e suite on R3).
             bucket = self.rt.topology.names.runs_bucket
-            entry = await self.rt.gets.get_last_msg(
-                f"KV_{bucket}", f"$KV.{bucket}.{run_key(escape_token(run_id))}"
-            )
-            record = msgspec.json.decode(entry.data, type=RunRecord) if entry.data else None
+            entry = await self.rt.gets.kv_entry(bucket, run_key(escape_token(run_id)))
+            record = msgspec.json.decode(entry.data, type=RunRecord) if entry and entry.data else None
         except Exception:
             record = None
         if len(self._status_cache) > self._memory:

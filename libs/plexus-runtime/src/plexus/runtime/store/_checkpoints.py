@@ -15,13 +15,14 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
+from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from plexus.core import KernelError
 
 from ._artifacts import check_payload_size, headers_size, max_payload_of
 from ._eventlog import GetLastMsg
+from ._gets import read_kv_entry
 
 __all__ = ["DEFAULT_CHECKPOINTS_BUCKET", "Checkpoint", "CheckpointConflictError", "CheckpointStore"]
 
@@ -30,8 +31,6 @@ DEFAULT_CHECKPOINTS_BUCKET = "plexus_checkpoints"
 _KEY_RE = re.compile(r"[-/_=.a-zA-Z0-9]+")  # what the KV API accepts as a key
 _WRONG_LAST_SEQ_CODES = (10071, 10164)
 _EXPECTED_HEADER = "Nats-Expected-Last-Subject-Sequence"
-_KV_OPERATION = "KV-Operation"
-_KV_REMOVED = ("DEL", "PURGE")  # a key's delete and purge markers: no value
 
 
 class CheckpointConflictError(KernelError):
@@ -74,12 +73,8 @@ class CheckpointStore:
         """The current checkpoint of ``key``, or None when there is none (never saved or deleted)."""
         _check_key(key)
         if self._reads is not None:
-            bucket, get_last_msg = self._reads
-            try:
-                msg = await get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
-            except NotFoundError:  # no such key (or bucket), as ``kv.get`` reads it
-                return None
-            if (msg.headers or {}).get(_KV_OPERATION) in _KV_REMOVED:
+            msg = await read_kv_entry(self._reads[1], self._reads[0], key)
+            if msg is None:
                 return None
             return Checkpoint(state=msg.data or b"", revision=msg.seq or 0)
         try:

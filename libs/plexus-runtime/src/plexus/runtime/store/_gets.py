@@ -19,13 +19,16 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
+from plexus.runtime.store._eventlog import GetLastMsg
 from plexus.runtime.store._inbox import MultiplexedInbox
 
-__all__ = ["StreamGets"]
+__all__ = ["StreamGets", "read_kv_entry"]
 
 _API = "$JS.API"
 _encode = msgspec.json.Encoder().encode
 _decode = msgspec.json.decode
+#: The ``KV-Operation`` header values of a key's tombstones.
+_REMOVED = frozenset({"DEL", "PURGE"})
 
 
 class _NoResponders(Exception):
@@ -59,8 +62,25 @@ class StreamGets(MultiplexedInbox[Msg]):
             future.cancel()  # no-op once answered
         return _stored_message(msg.data)
 
+    async def kv_entry(self, bucket: str, key: str) -> js_api.RawStreamMsg | None:
+        """The current entry of ``key`` in KV ``bucket`` (see `read_kv_entry`)."""
+        return await read_kv_entry(self.get_last_msg, bucket, key)
+
     def _resolve(self, msg: Msg, future: asyncio.Future[Msg]) -> None:
         future.set_result(msg)
+
+
+async def read_kv_entry(get_last_msg: GetLastMsg, bucket: str, key: str) -> js_api.RawStreamMsg | None:
+    """The current entry of ``key`` in KV ``bucket`` as ``get_last_msg`` reads its stream (from the leader,
+    what ``kv.get`` reads without direct gets; the revision is the message's ``seq``): None when the key
+    (or the bucket) has none — never put, or its last operation deleted or purged it."""
+    try:
+        raw = await get_last_msg(f"KV_{bucket}", f"$KV.{bucket}.{key}")
+    except nats.js.errors.NotFoundError:
+        return None
+    if (raw.headers or {}).get("KV-Operation") in _REMOVED:
+        return None
+    return raw
 
 
 def _stored_message(data: bytes) -> js_api.RawStreamMsg:

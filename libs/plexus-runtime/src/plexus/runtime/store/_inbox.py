@@ -16,6 +16,7 @@ from typing import Generic, TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
 
 __all__ = ["MultiplexedInbox"]
 
@@ -37,6 +38,7 @@ class MultiplexedInbox(Generic[T]):
         self.prefix = nc.new_inbox()
         self._pending: dict[str, asyncio.Future[T]] = {}
         self._subscribed = False
+        self._sub: Subscription | None = None
         self._subscribing = asyncio.Lock()
         self._tokens = itertools.count()
 
@@ -46,7 +48,7 @@ class MultiplexedInbox(Generic[T]):
             return
         async with self._subscribing:
             if not self._subscribed:
-                await self.nc.subscribe(f"{self.prefix}.*", cb=self._on_message)
+                self._sub = await self.nc.subscribe(f"{self.prefix}.*", cb=self._on_message)
                 self._subscribed = True
 
     def expect(self, token: str) -> tuple[str, asyncio.Future[T]]:
@@ -87,6 +89,14 @@ class MultiplexedInbox(Generic[T]):
     def cancel_all(self) -> None:
         for future in list(self._pending.values()):
             future.cancel()
+
+    async def stop(self) -> None:
+        """Cancel what is still awaited and unsubscribe (a later request subscribes again)."""
+        self.cancel_all()
+        async with self._subscribing:
+            sub, self._sub, self._subscribed = self._sub, None, False
+            if sub is not None:
+                await sub.unsubscribe()
 
     async def _on_message(self, msg: Msg) -> None:
         future = self._pending.get(msg.subject.rpartition(".")[2])
