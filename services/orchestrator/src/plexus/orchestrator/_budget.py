@@ -97,12 +97,20 @@ async def read_usage(
 
 
 class BudgetWatcher:
-    """Calls ``check(root_id)`` whenever a budget counter of that tree moves (coalesced per tree)."""
+    """Calls ``check(root_id)`` when a budget counter of that tree moves, ``delay_s`` later: the moves of
+    that window (a consume moves two or three counters; a busy tree reports many times a second) cost one
+    check. The reporter whose increment crosses the budget is refused by its own consume at once; the
+    watcher stops the tree's other agents, so it may come a moment later."""
 
-    def __init__(self, nc: NATS, prefix: str, check: Callable[[str], Awaitable[object]]) -> None:
+    def __init__(
+        self, nc: NATS, prefix: str, check: Callable[[str], Awaitable[object]], delay_s: float = 0.0
+    ) -> None:
+        if not delay_s >= 0:
+            raise ValueError(f"delay_s must be >= 0, got {delay_s}")
         self.nc = nc
         self.prefix = prefix
         self.check = check
+        self.delay_s = delay_s
         self._running: dict[str, asyncio.Task[None]] = {}
         self._dirty: set[str] = set()
         self._sub: Any = None
@@ -149,6 +157,8 @@ class BudgetWatcher:
     async def _run(self, root_id: str) -> None:
         try:
             while True:
+                if self.delay_s:
+                    await asyncio.sleep(self.delay_s)
                 self._dirty.discard(root_id)
                 try:
                     await self.check(root_id)

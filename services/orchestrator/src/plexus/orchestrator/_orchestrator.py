@@ -36,6 +36,12 @@ class OrchestratorConfig:
     partitions: int = 16
     names: TopologyNames = field(default_factory=TopologyNames)
     sweeper: SweeperConfig = field(default_factory=SweeperConfig)
+    #: How long after a tree's counter moves its budget is compared (the moves meanwhile cost one check).
+    budget_check_delay_s: float = 0.1
+
+    def __post_init__(self) -> None:
+        if not self.budget_check_delay_s >= 0:
+            raise ValueError(f"budget_check_delay_s must be >= 0, got {self.budget_check_delay_s}")
 
 
 class Orchestrator:
@@ -125,7 +131,9 @@ class Orchestrator:
         )
         self.index = RunIndex(kv)
         await self.index.start()
-        self.watcher = BudgetWatcher(self.nc, self.config.prefix, self._budget_moved)
+        self.watcher = BudgetWatcher(
+            self.nc, self.config.prefix, self._budget_moved, self.config.budget_check_delay_s
+        )
         await self.watcher.start()
         hosts = await self._host_check()
         self.engine.hosts = hosts
