@@ -17,6 +17,7 @@ from plexus.core import (
     ExecutionBudget,
     KernelError,
     Priority,
+    ReplyTimeoutError,
     RetryPolicy,
     TextBlock,
 )
@@ -212,6 +213,28 @@ async def test_the_budget_backstop_catches_a_crossing_nobody_delivered(
     await replicas()
     record = await wait_status(rt, run_id, "failed")
     assert record.reason == "Token budget exceeded: 11 > 10"
+
+
+async def test_waiting_for_a_run_creates_no_consumer_and_sees_its_end(
+    orch: Orchestrator, rt: Runtime
+) -> None:
+    """`wait_run` follows the run's KV subject with a core subscription (no consumer per waiter) and reads the
+    record once: a run that already ended is answered at once."""
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=10))
+    stream = f"KV_{rt.topology.names.runs_bucket}"
+    consumers = (await rt.js.stream_info(stream)).state.consumer_count
+    waiters = [asyncio.create_task(rt.wait_run(run_id, timeout=10)) for _ in range(5)]
+    await asyncio.sleep(0.3)
+    assert not any(w.done() for w in waiters)
+    assert (await rt.js.stream_info(stream)).state.consumer_count == consumers
+    await incr(rt, run_id, "tokens", 11)
+    for record in await asyncio.gather(*waiters):
+        assert record.status == RunStatus.FAILED
+        assert record.reason == "Token budget exceeded: 11 > 10"
+    async with asyncio.timeout(1):
+        assert (await rt.wait_run(run_id, timeout=10)).status == RunStatus.FAILED
+    with pytest.raises(ReplyTimeoutError):
+        await rt.wait_run(run_id, timeout=0.3, until={RunStatus.SUSPENDED})
 
 
 # -- deadlines and cancellation ---------------------------------------------------------------------------

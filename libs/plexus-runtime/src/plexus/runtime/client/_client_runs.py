@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator, Collection, Sequence
 
 import msgspec
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
 
@@ -44,8 +45,12 @@ from plexus.runtime.wire._orchestration import (
 from plexus.runtime.wire._subjects import Subjects, escape_token
 
 from ._cluster import OrchestratorClient
+from ._connection import Connection
 
 __all__ = ["RunsClient"]
+
+#: While a run is awaited its record is read again this often (seconds), in case a write's message was lost.
+_REREAD_S = 2.0
 
 
 class RunsClient:
@@ -53,6 +58,7 @@ class RunsClient:
 
     nc: NATS
     js: JetStreamContext
+    _connection: Connection
     topology: Topology
     subjects: Subjects
     artifacts: ArtifactStore
@@ -148,31 +154,43 @@ class RunsClient:
     async def wait_run(
         self, run_id: str, *, timeout: float = 60.0, until: Collection[str] = TERMINAL
     ) -> RunRecord:
-        """Wait (event-driven, on the run's KV key) until the run's status is in `until` (default: ended)."""
+        """Wait until the run's status is in `until` (default: ended). Event-driven: a core subscription to
+        the run's KV subject sees every write of its record as it is stored; the record is read once after
+        subscribing (it may be there already) and again every `_REREAD_S` while waiting (a core message
+        can be lost on a reconnect). No consumer is created for it."""
         key = run_key(escape_token(run_id))
+        bucket = self.topology.names.runs_bucket
+        updates: asyncio.Queue[bytes] = asyncio.Queue()
+
+        async def on_write(msg: Msg) -> None:
+            if msg.data:  # a delete or purge marker has no record
+                updates.put_nowait(msg.data)
+
+        sub = await self.nc.subscribe(f"$KV.{bucket}.{key}", cb=on_write)
         try:
             async with asyncio.timeout(timeout):
                 while True:
                     try:
-                        watcher = await self.topology.runs.watch(key, inactive_threshold=30.0)
+                        stored = await self._connection.gets.kv_entry(bucket, key)
                     except Exception as exc:
                         if not is_unavailable(exc):
                             raise
-                        await asyncio.sleep(0.2)  # a leader election: the bucket answers again shortly
-                        continue
-                    try:
-                        while True:
-                            entry = await watcher.updates(timeout=timeout)  # type: ignore[no-untyped-call]
-                            if entry is None or not entry.value:
-                                continue
-                            record = msgspec.json.decode(entry.value, type=RunRecord)
-                            if record.status in until:
-                                return record
-                    finally:
-                        with contextlib.suppress(Exception):
-                            await watcher.stop()  # type: ignore[no-untyped-call]
+                        stored = None  # a leader election: writes still arrive, and the read is retried
+                    if stored is not None and stored.data:
+                        record = msgspec.json.decode(stored.data, type=RunRecord)
+                        if record.status in until:
+                            return record
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(_REREAD_S):
+                            while True:
+                                record = msgspec.json.decode(await updates.get(), type=RunRecord)
+                                if record.status in until:
+                                    return record
         except TimeoutError:
             raise ReplyTimeoutError(f"run/{run_id}", run_id, timeout) from None
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
 
     async def run_result(self, run_id: str, *, timeout: float = 60.0) -> list[BaseBlock]:
         """The root's reply when the run completed; otherwise raise the run's typed error."""
