@@ -126,6 +126,24 @@ class _Work:
         # Durable callers name their reply inbox in the envelope; ephemeral ones use core request/reply.
         return self.env.reply_to if self.durable else (self.msg.reply or self.env.reply_to)
 
+    @property
+    def delivered(self) -> int:
+        """How many times JetStream has delivered this message (1 for core NATS work)."""
+        return delivery_count(self.msg) if self.durable else 1
+
+
+def delivery_count(msg: Msg) -> int:
+    """The delivery count in a JetStream message's ack subject, read without building nats-py's whole
+    `Msg.metadata` (4 µs a message): ``$JS.ACK.<stream>.<consumer>.<delivered>.…`` (9 tokens) or, with a
+    domain and account hash, ``$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.…`` (11 or 12)."""
+    tokens = (msg.reply or "").split(".")
+    if tokens[:2] == ["$JS", "ACK"]:
+        if len(tokens) == 9:
+            return int(tokens[4])
+        if len(tokens) >= 11:
+            return int(tokens[6])
+    return int(msg.metadata.num_delivered)  # anything else: as nats-py reads it (or its error)
+
 
 def _envelope_problem(env: Envelope) -> str | None:
     """Why the ids of a decodable envelope cannot be used (they become typed ids in EventLog entries)."""

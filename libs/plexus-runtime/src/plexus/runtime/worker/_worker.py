@@ -422,16 +422,12 @@ class Worker(Upkeep):
                     work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
                 )
             return ACK
-        if work.durable and work.msg.metadata.num_delivered > 1 and metrics_enabled():
+        redelivered = work.delivered > 1
+        if redelivered and metrics_enabled():
             INSTRUMENTS.redeliveries.add(1, {"agent_type": agent_type.name})
         # A message in `activation.logged` is a half-commit (logged, never checkpointed): its log entry does
         # not mean it was committed, so it runs again.
-        if (
-            not seen
-            and work.durable
-            and work.msg.metadata.num_delivered > 1
-            and env.id not in activation.logged
-        ):
+        if not seen and redelivered and env.id not in activation.logged:
             published = work.msg.metadata.timestamp
             if published is not None and await self._committer.committed(agent_id, env.id, published):
                 log.warning(
