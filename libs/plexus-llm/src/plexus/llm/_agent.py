@@ -43,7 +43,7 @@ from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
 from ._errors import ProviderError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
-from ._journal import JOURNAL_SEQ_KEY, Journal
+from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._middleware import Middleware, ModelCall, ToolCall, Turn, chain
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool_output_blocks
 
@@ -226,7 +226,7 @@ class LLMAgent(Agent):
             journal = await Journal.open(ctx, self.state, known_end=self._journal_end)
         except BaseException:
             checked.cancel()
-            checked.add_done_callback(_collect)
+            checked.add_done_callback(collect_outcome)
             raise
         self._journal_end = None
         await checked  # the first step needs no check of its own now (check_max_age)
@@ -478,11 +478,6 @@ async def _race_cancellation(ctx: Context, work: Any) -> ModelTurn:
         raise
     finally:
         registration.unregister()
-
-
-def _collect(future: asyncio.Future[None]) -> None:
-    if not future.cancelled():
-        future.exception()
 
 
 def _problem(invalid: JsonValue) -> str:

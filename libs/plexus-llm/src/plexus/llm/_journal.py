@@ -33,7 +33,7 @@ from plexus.core import (
 )
 from plexus.runtime import Context, EventLog
 
-__all__ = ["JOURNAL_SEQ_KEY", "Journal", "LlmStep"]
+__all__ = ["JOURNAL_SEQ_KEY", "Journal", "LlmStep", "collect_outcome"]
 
 #: Agent state key holding the journal's last sequence when the previous message was committed.
 JOURNAL_SEQ_KEY = "plexus.llm.journal_seq"
@@ -112,10 +112,11 @@ class Journal:
         collected so a failure is not reported as never retrieved."""
         pending, self._pending = self._pending, None
         if pending is not None:
-            pending.add_done_callback(_collect)
+            pending.add_done_callback(collect_outcome)
         return pending
 
 
-def _collect(future: asyncio.Future[int]) -> None:
+def collect_outcome(future: asyncio.Future[Any]) -> None:
+    """Retrieve a future's outcome nobody awaits (so a failure is not reported as never retrieved)."""
     if not future.cancelled():
         future.exception()
