@@ -39,6 +39,10 @@ class Permissions:
     subscribe_deny: list[str] = field(default_factory=list)
 
 
+#: The run records' writes, which `Runtime.wait_run` follows (it reads the records anyway: no new access).
+_RUN_RECORDS = "$KV.plexus_runs.run.>"
+
+
 def _lookup(streams: list[str]) -> list[str]:
     """Find the topology, read stream messages and KV entries, and consume the given streams."""
     out = ["$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
@@ -177,7 +181,7 @@ def role_permissions(
                 "$KV.plexus_runs.>",
                 f"{p}.*.ctl.>",
             ],
-            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>"],
+            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>", _RUN_RECORDS],
         )
     if role == "client":
         return Permissions(
@@ -188,6 +192,6 @@ def role_permissions(
                 *_lookup(["PLEXUS_PROGRESS", kv["registry"], kv["workers"], kv["runs"], kv["subscriptions"]]),
             ],
             publish_deny=_ADMIN_DENY,
-            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>"],
+            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>", _RUN_RECORDS],
         )
     raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")
