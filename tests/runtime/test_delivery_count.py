@@ -1,5 +1,5 @@
-"""`delivery_count`: a JetStream message's delivery count read from its ack subject, as nats-py's
-`Msg.metadata` reads it, for both ack subject formats and for a real redelivery."""
+"""`delivery`: a JetStream message's delivery count and stream sequence read from its ack subject, as
+nats-py's `Msg.metadata` reads them, for both ack subject formats and for a real redelivery."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from plexus.runtime.ops._server import NatsServer
-from plexus.runtime.worker._work import delivery_count
+from plexus.runtime.worker._work import delivery
 
 
 @pytest.mark.parametrize(
@@ -22,13 +22,13 @@ from plexus.runtime.worker._work import delivery_count
 )
 def test_both_ack_subject_formats_read_as_nats_py_reads_them(reply: str) -> None:
     msg = Msg(_client=None, subject="px.default.inbox.t.k", reply=reply)  # type: ignore[arg-type]
-    assert delivery_count(msg) == msg.metadata.num_delivered
+    assert delivery(msg) == (msg.metadata.num_delivered, msg.metadata.sequence.stream)
 
 
 def test_a_subject_that_is_no_ack_subject_fails_as_nats_py_does() -> None:
     msg = Msg(_client=None, subject="s", reply="_INBOX.abc")  # type: ignore[arg-type]
     with pytest.raises(Exception) as ours:
-        delivery_count(msg)
+        delivery(msg)
     with pytest.raises(Exception) as theirs:
         _ = msg.metadata
     assert type(ours.value) is type(theirs.value)
@@ -42,9 +42,9 @@ async def test_a_redelivered_message_counts_two(nats_server: NatsServer) -> None
         await js.publish("dc.a", b"x")
         sub = await js.pull_subscribe("dc.a", durable="dc")
         first = (await sub.fetch(1, timeout=5))[0]
-        assert delivery_count(first) == 1 == first.metadata.num_delivered
+        assert delivery(first) == (1, 1) == (first.metadata.num_delivered, first.metadata.sequence.stream)
         await first.nak()
         again = (await sub.fetch(1, timeout=5))[0]
-        assert delivery_count(again) == 2 == again.metadata.num_delivered
+        assert delivery(again) == (2, 1) == (again.metadata.num_delivered, again.metadata.sequence.stream)
     finally:
         await nc.close()

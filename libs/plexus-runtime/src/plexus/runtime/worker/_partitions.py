@@ -210,6 +210,10 @@ class PartitionOwner:
         #: acquire/renew request plus the TTL. A worker that stalled (SIGSTOP, GC, frozen VM) past it may
         #: have lost the partition without knowing yet, so it must not start that partition's work.
         self.fresh_until: dict[int, float] = {}
+        #: The inbox stream's last sequence when each partition was taken (its previous consumer deleted):
+        #: a message stored up to there may have been handled, committed and left unacked by the previous
+        #: owner, yet this worker's fresh consumer delivers it as a first delivery.
+        self.taken_at_seq: dict[int, int] = {}
         #: Partitions whose last renewal got no answer (it may have been applied): see `_renew`.
         self._unsure: set[int] = set()
         #: Serialises the lease writes of `renew_held` (its own timer) and of handovers (`rebalance`): a
@@ -231,6 +235,10 @@ class PartitionOwner:
     def serves(self, p: int) -> bool:
         """Whether work fetched from partition `p` may still run here (owned, or being handed over)."""
         return p in self.owned or p in self.handing_over
+
+    def stored_before_taken(self, p: int, stream_seq: int) -> bool:
+        """Whether the message at `stream_seq` of partition `p` was stored before this worker took `p`."""
+        return stream_seq <= self.taken_at_seq.get(p, 0)
 
     def may_start(self, p: int) -> bool:
         """Whether a message of partition `p` may start now: served here and the lease surely still ours."""
@@ -340,6 +348,8 @@ class PartitionOwner:
         durable = self._durable(p)
         with contextlib.suppress(NotFoundError):
             await self.js.delete_consumer(self.stream, durable)
+        # Read after the deletion: whatever the previous consumer delivered is stored at or before this.
+        self.taken_at_seq[p] = (await self.js.stream_info(self.stream)).state.last_seq
         await self.js.add_consumer(
             self.stream,
             js_api.ConsumerConfig(

@@ -129,20 +129,27 @@ class _Work:
     @property
     def delivered(self) -> int:
         """How many times JetStream has delivered this message (1 for core NATS work)."""
-        return delivery_count(self.msg) if self.durable else 1
+        return delivery(self.msg)[0] if self.durable else 1
+
+    @property
+    def stream_seq(self) -> int:
+        """The message's sequence in its stream (0 for core NATS work)."""
+        return delivery(self.msg)[1] if self.durable else 0
 
 
-def delivery_count(msg: Msg) -> int:
-    """The delivery count in a JetStream message's ack subject, read without building nats-py's whole
-    `Msg.metadata` (4 µs a message): ``$JS.ACK.<stream>.<consumer>.<delivered>.…`` (9 tokens) or, with a
-    domain and account hash, ``$JS.ACK.<domain>.<hash>.<stream>.<consumer>.<delivered>.…`` (11 or 12)."""
+def delivery(msg: Msg) -> tuple[int, int]:
+    """The delivery count and stream sequence in a JetStream message's ack subject, read without building
+    nats-py's whole `Msg.metadata` (4 µs a message): ``$JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.…``
+    (9 tokens) or, with a domain and account hash, ``$JS.ACK.<domain>.<hash>.<stream>.<consumer>.…`` (11
+    or 12)."""
     tokens = (msg.reply or "").split(".")
     if tokens[:2] == ["$JS", "ACK"]:
         if len(tokens) == 9:
-            return int(tokens[4])
+            return int(tokens[4]), int(tokens[5])
         if len(tokens) >= 11:
-            return int(tokens[6])
-    return int(msg.metadata.num_delivered)  # anything else: as nats-py reads it (or its error)
+            return int(tokens[6]), int(tokens[7])
+    meta = msg.metadata  # anything else: as nats-py reads it (or its error)
+    return int(meta.num_delivered), int(meta.sequence.stream)
 
 
 def _envelope_problem(env: Envelope) -> str | None:

@@ -355,6 +355,12 @@ class Worker(Upkeep):
             self._activations.drop(agent_id)
             return LEAVE
 
+    def _before_takeover(self, work: _Work) -> bool:
+        owner = self._owners.get(work.agent_type.name) if work.durable else None
+        if owner is None or work.partition is None:
+            return False
+        return owner.stored_before_taken(work.partition, work.stream_seq)
+
     def _may_start(self, work: _Work) -> bool:
         """Whether `work` may (still) start here: its partition's lease is certainly ours."""
         owner = self._owners.get(work.agent_type.name) if work.durable else None
@@ -426,8 +432,10 @@ class Worker(Upkeep):
         if redelivered and metrics_enabled():
             INSTRUMENTS.redeliveries.add(1, {"agent_type": agent_type.name})
         # A message in `activation.logged` is a half-commit (logged, never checkpointed): its log entry does
-        # not mean it was committed, so it runs again.
-        if not seen and redelivered and env.id not in activation.logged:
+        # not mean it was committed, so it runs again. One this agent does not remember may still have been
+        # committed by an earlier delivery whose ack was lost: redelivered by this consumer, or stored
+        # before this worker took the partition (the previous owner's consumer is gone, ours counts 1).
+        if not seen and env.id not in activation.logged and (redelivered or self._before_takeover(work)):
             published = work.msg.metadata.timestamp
             if published is not None and await self._committer.committed(agent_id, env.id, published):
                 log.warning(
