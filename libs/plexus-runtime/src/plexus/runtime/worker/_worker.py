@@ -356,10 +356,8 @@ class Worker(Upkeep):
             return LEAVE
 
     def _before_takeover(self, work: _Work) -> bool:
-        owner = self._owners.get(work.agent_type.name) if work.durable else None
-        if owner is None or work.partition is None:
-            return False
-        return owner.stored_before_taken(work.partition, work.stream_seq)
+        owner, p = self._owners.get(work.agent_type.name), work.partition  # (None for core NATS work)
+        return owner is not None and p is not None and owner.stored_before_taken(p, work.stream_seq)
 
     def _may_start(self, work: _Work) -> bool:
         """Whether `work` may (still) start here: its partition's lease is certainly ours."""
