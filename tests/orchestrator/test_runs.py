@@ -47,8 +47,8 @@ async def orch_log(rt: Runtime, root_id: str) -> list[object]:
     return [record.entry for record in await log.read()]
 
 
-async def incr(rt: Runtime, root_id: str, dimension: str, delta: int) -> int:
-    subject = budget_counter_subject("px", "default", escape_token(root_id), dimension)
+async def incr(rt: Runtime, root_id: str, dimension: str, delta: int, namespace: str = "default") -> int:
+    subject = budget_counter_subject("px", namespace, escape_token(root_id), dimension)
     reply = await rt.nc.request(subject, b"", headers={"Nats-Incr": str(delta)}, timeout=5)
     return int(json.loads(reply.data)["val"])
 
@@ -198,6 +198,26 @@ async def test_cost_and_turn_budgets_are_enforced_too(orch: Orchestrator, rt: Ru
     await incr(rt, turn_run, "turns", 4)
     record = await wait_status(rt, turn_run, "failed")
     assert record.reason == "Turn budget exceeded: 4 > 3"
+
+
+async def test_a_finished_child_s_spend_in_another_namespace_still_counts(
+    orch: Orchestrator, rt: Runtime
+) -> None:
+    """Agents report to their own namespace's counters; a child that ran in another namespace and ended keeps
+    counting toward the tree's budget (its slot is gone, its spend is not)."""
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=100))
+    child = await call(
+        rt,
+        "spawn",
+        SpawnRequest(parent_run_id=run_id, root_id=run_id, parent_agent="echo/k1", child_agent="other/w/1"),
+        SpawnReply,
+    )
+    assert await incr(rt, run_id, "tokens", 60, namespace="other") == 60
+    await call(rt, "finished", FinishedReport(run_id=child.run_id, status="completed"), RunRecord)
+    assert await incr(rt, run_id, "tokens", 50) == 50  # the root's own: 110 in all
+    record = await wait_status(rt, run_id, "failed")
+    assert record.reason == "Token budget exceeded: 110 > 100"
+    assert record.usage.tokens == 110
 
 
 async def test_the_budget_backstop_catches_a_crossing_nobody_delivered(

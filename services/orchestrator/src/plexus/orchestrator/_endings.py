@@ -115,7 +115,8 @@ class EngineCore:
     ) -> UsageTotals:
         namespaces = {namespace_of(root.agent_id)}
         if tree is not None:
-            namespaces.update(namespace_of(slot.agent_id) for slot in tree.active.values())
+            namespaces.update(tree.namespaces)  # where its runs reported, ended ones included
+            namespaces.update(namespace_of(slot.agent_id) for slot in tree.active.values())  # older records
         return await read_usage(
             self.store.gets or self.js,
             self.config.counters_stream,
@@ -168,8 +169,10 @@ class EngineCore:
             self.store.get_tree(root_id), self.usage(root, None, dimensions)
         )
         tree = found_tree[0] if found_tree else None
-        if tree is not None and any(
-            namespace_of(slot.agent_id) != namespace_of(root.agent_id) for slot in tree.active.values()
+        root_namespace = namespace_of(root.agent_id)
+        if tree is not None and (
+            any(ns != root_namespace for ns in tree.namespaces)
+            or any(namespace_of(slot.agent_id) != root_namespace for slot in tree.active.values())
         ):
             usage = await self.usage(root, tree, dimensions)
         error = budget_error(root.budget, usage)

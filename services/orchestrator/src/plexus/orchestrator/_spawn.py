@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from plexus.core import Priority
 from plexus.runtime.orchestration import Slot, TreeRecord
 
+from ._events import namespace_of
+
 __all__ = ["Admission", "admit", "choose_victim", "release", "running_count"]
 
 #: The lowest priority that may preempt (HIGH, CRITICAL).
@@ -64,8 +66,7 @@ def admit(
     if run_id in tree.active:  # a retried spawn of an admitted child: same answer, no second slot
         return Admission(admitted=True)
     if running_count(tree) < tree.max_agents:
-        tree.active[run_id] = Slot(agent_id=agent_id, priority=priority)
-        tree.spawned_total += 1
+        _occupy(tree, run_id, agent_id, priority)
         return Admission(admitted=True, changed=True)
     if not tree.allow_preempt or priority < PREEMPT_FLOOR:
         return Admission(admitted=False)
@@ -75,9 +76,16 @@ def admit(
     paused = tree.active[victim]
     paused.paused = True
     paused.preempted_by = run_id
+    _occupy(tree, run_id, agent_id, priority)
+    return Admission(admitted=True, preempted=victim, changed=True)
+
+
+def _occupy(tree: TreeRecord, run_id: str, agent_id: str, priority: int) -> None:
     tree.active[run_id] = Slot(agent_id=agent_id, priority=priority)
     tree.spawned_total += 1
-    return Admission(admitted=True, preempted=victim, changed=True)
+    namespace = namespace_of(agent_id)
+    if namespace not in tree.namespaces:  # its spend keeps counting after the run ends
+        tree.namespaces.append(namespace)
 
 
 def release(tree: TreeRecord, run_ids: Iterable[str]) -> tuple[bool, list[str]]:

@@ -151,6 +151,8 @@ class TreeRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     allow_preempt: bool = True
     active: dict[str, Slot] = {}
     spawned_total: int = 0
+    #: Every namespace a run of the tree was admitted in: their budget counters count after the runs end.
+    namespaces: list[str] = []
 
 
 # -- requests and replies -------------------------------------------------------------------------------
