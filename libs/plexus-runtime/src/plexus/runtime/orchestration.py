@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from .wire._orchestration import (
     APPROVAL_KEY,
+    BUDGET_DIMENSIONS,
     COST_SCALE,
     ORCH_SERVICE_NAME,
     ORCH_VERSION,
@@ -38,6 +39,7 @@ from .wire._orchestration import (
     budget_counter_subject,
     cancel_subject,
     input_key,
+    limited_dimensions,
     orch_subject,
     pause_subject,
     run_key,
@@ -46,6 +48,7 @@ from .wire._orchestration import (
 
 __all__ = [
     "APPROVAL_KEY",
+    "BUDGET_DIMENSIONS",
     "COST_SCALE",
     "ORCH_SERVICE_NAME",
     "ORCH_VERSION",
@@ -74,6 +77,7 @@ __all__ = [
     "budget_counter_subject",
     "cancel_subject",
     "input_key",
+    "limited_dimensions",
     "orch_subject",
     "pause_subject",
     "run_key",

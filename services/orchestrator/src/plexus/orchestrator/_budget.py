@@ -25,7 +25,7 @@ from plexus.core import BudgetExhaustedError, ExecutionBudget
 from plexus.runtime import StreamGets, escape_token, unescape_token
 from plexus.runtime.orchestration import COST_SCALE, UsageTotals, budget_counter_subject
 
-__all__ = ["DIMENSIONS", "BudgetWatcher", "budget_error", "limited_dimensions", "read_usage"]
+__all__ = ["DIMENSIONS", "BudgetWatcher", "budget_error", "read_usage"]
 
 log = logging.getLogger("plexus.orchestrator")
 
@@ -46,19 +46,6 @@ def budget_error(budget: dict[str, Any] | None, usage: UsageTotals) -> BudgetExh
     if limits.max_turns is not None and usage.turns > limits.max_turns:
         return BudgetExhaustedError("turns", usage.turns, limits.max_turns)
     return None
-
-
-def limited_dimensions(budget: dict[str, Any] | None) -> tuple[str, ...]:
-    """The counters a budget limits (the only ones `budget_error` compares)."""
-    if not budget:
-        return ()
-    limits = ExecutionBudget.model_validate(budget)
-    named = (
-        ("tokens", limits.max_tokens),
-        ("cost_micros", limits.max_cost_usd),
-        ("turns", limits.max_turns),
-    )
-    return tuple(dimension for dimension, limit in named if limit is not None)
 
 
 async def read_counter(reader: JetStreamContext | StreamGets, stream: str, subject: str) -> int:

@@ -39,9 +39,10 @@ from plexus.runtime.orchestration import (
     RunStatus,
     TreeRecord,
     UsageTotals,
+    limited_dimensions,
 )
 
-from ._budget import DIMENSIONS, budget_error, limited_dimensions, read_usage
+from ._budget import DIMENSIONS, budget_error, read_usage
 from ._events import Announcer, namespace_of
 from ._store import RunStore
 

@@ -33,6 +33,7 @@ from plexus.runtime.wire._orchestration import (
     SpawnReply,
     SpawnRequest,
     budget_counter_subject,
+    limited_dimensions,
     orch_subject,
     run_key,
 )
@@ -46,8 +47,6 @@ if TYPE_CHECKING:
 __all__ = ["ClusterSupervisor", "OrchestratorClient", "RunControl", "ServiceUnavailableError"]
 
 R = TypeVar("R")
-
-_DIMENSIONS = (("tokens", "max_tokens"), ("cost_micros", "max_cost_usd"), ("turns", "max_turns"))
 
 
 _tracer = trace.get_tracer("plexus.runtime")
@@ -234,9 +233,10 @@ class ClusterSupervisor:
             # this one and processed after it, may let a check skip the server.
             self._verified[run.root_id] = None
             raise
-        if self._verified.get(run.root_id, 0.0) is None:
+        previous = self._verified.get(run.root_id, 0.0)
+        if previous is None:
             return
-        self._verified[run.root_id] = max(read_at, self._verified.get(run.root_id) or 0.0)
+        self._verified[run.root_id] = max(read_at, previous)
         self._verified.move_to_end(run.root_id)
         while len(self._verified) > self._memory:
             self._verified.popitem(last=False)
@@ -264,8 +264,7 @@ class ClusterSupervisor:
         # the budgeted dimensions this call does not move are read alongside, so a consume checks the whole
         # budget as `check` does (a caller may skip its next check on the strength of it).
         moved = [(dimension, delta) for dimension, delta in deltas.items() if delta]
-        limits = run.budget or {}
-        unmoved = [d for d, limit in _DIMENSIONS if limits.get(limit) is not None and not deltas[d]]
+        unmoved = [d for d in limited_dimensions(run.budget) if not deltas[d]]
         stream = self.rt.topology.names.counters_stream
         read_at = time.monotonic()
         acks = self.rt.acks  # an increment is a JetStream publish whose ack carries the new total
@@ -308,8 +307,7 @@ class ClusterSupervisor:
         stream = self.rt.topology.names.counters_stream
         # Only the dimensions the budget limits, read together with the run's end (a first check of a run
         # reads its record): one round trip, not one per read (a check runs before every model call).
-        limits = run.budget or {}
-        names = [dimension for dimension, limit in _DIMENSIONS if limits.get(limit) is not None]
+        names = limited_dimensions(run.budget)
         read_at = time.monotonic()
         ended, *found = await asyncio.gather(
             self.control.terminal_error(run),

@@ -26,6 +26,7 @@ from ._envelope import RunInfo
 
 __all__ = [
     "APPROVAL_KEY",
+    "BUDGET_DIMENSIONS",
     "ORCH_SERVICE_NAME",
     "ORCH_VERSION",
     "TERMINAL",
@@ -53,6 +54,7 @@ __all__ = [
     "budget_counter_subject",
     "cancel_subject",
     "input_key",
+    "limited_dimensions",
     "orch_subject",
     "pause_subject",
     "run_key",
@@ -63,6 +65,14 @@ ORCH_VERSION = 1
 ORCH_SERVICE_NAME = "plexus-orchestrator"
 #: Cost is counted in integer micro-units of the budget's currency (counters are integers).
 COST_SCALE = 1_000_000
+#: Each budget counter and the `ExecutionBudget` field that limits it.
+BUDGET_DIMENSIONS = (("tokens", "max_tokens"), ("cost_micros", "max_cost_usd"), ("turns", "max_turns"))
+
+
+def limited_dimensions(budget: dict[str, Any] | None) -> tuple[str, ...]:
+    """The counters a budget (an `ExecutionBudget` as stored: a dict) limits; the others need no read."""
+    limits = budget or {}
+    return tuple(dimension for dimension, limit in BUDGET_DIMENSIONS if limits.get(limit) is not None)
 
 
 _NULL = msgspec.Raw(b"null")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import enum
+import functools
 import logging
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
@@ -126,15 +127,11 @@ class _Work:
         # Durable callers name their reply inbox in the envelope; ephemeral ones use core request/reply.
         return self.env.reply_to if self.durable else (self.msg.reply or self.env.reply_to)
 
-    @property
-    def delivered(self) -> int:
-        """How many times JetStream has delivered this message (1 for core NATS work)."""
-        return delivery(self.msg)[0] if self.durable else 1
-
-    @property
-    def stream_seq(self) -> int:
-        """The message's sequence in its stream (0 for core NATS work)."""
-        return delivery(self.msg)[1] if self.durable else 0
+    @functools.cached_property
+    def delivery(self) -> tuple[int, int]:
+        """How many times JetStream has delivered this message, and its stream sequence ((1, 0) for core NATS
+        work); read once from the ack subject."""
+        return delivery(self.msg) if self.durable else (1, 0)
 
 
 def delivery(msg: Msg) -> tuple[int, int]:

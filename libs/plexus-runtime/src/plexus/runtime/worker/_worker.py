@@ -357,7 +357,7 @@ class Worker(Upkeep):
 
     def _before_takeover(self, work: _Work) -> bool:
         owner, p = self._owners.get(work.agent_type.name), work.partition  # (None for core NATS work)
-        return owner is not None and p is not None and owner.stored_before_taken(p, work.stream_seq)
+        return owner is not None and p is not None and owner.stored_before_taken(p, work.delivery[1])
 
     def _may_start(self, work: _Work) -> bool:
         """Whether `work` may (still) start here: its partition's lease is certainly ours."""
@@ -426,7 +426,7 @@ class Worker(Upkeep):
                     work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
                 )
             return ACK
-        redelivered = work.delivered > 1
+        redelivered = work.delivery[0] > 1
         if redelivered and metrics_enabled():
             INSTRUMENTS.redeliveries.add(1, {"agent_type": agent_type.name})
         # A message in `activation.logged` is a half-commit (logged, never checkpointed): its log entry does
