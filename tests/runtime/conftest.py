@@ -42,12 +42,13 @@ StartWorker = Callable[..., Awaitable[Worker]]
 
 @pytest.fixture
 async def start_worker(nats_server: NatsServer) -> AsyncIterator[StartWorker]:
-    """Start an in-process Worker for `app` on its own connection; all are stopped at teardown."""
+    """Start an in-process Worker for `app` on its own connection (to `url`, default the server's); all are
+    stopped at teardown."""
     started: list[tuple[Worker, Runtime]] = []
 
-    async def start(app: App, **config: object) -> Worker:
+    async def start(app: App, url: str | None = None, **config: object) -> Worker:
         rt = await Runtime.connect(
-            nats_server.url,
+            url or nats_server.url,
             namespace=app.namespace,
             heartbeat_ttl_s=HEARTBEAT_TTL_S,
             lease_ttl_s=LEASE_TTL_S,

@@ -12,7 +12,7 @@ import pytest_asyncio
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, MessageId, ProtocolError, TextBlock
-from plexus.runtime.wire._envelope import encode_envelope
+from plexus.runtime.wire._envelope import decode_reply, encode_envelope
 
 from .apps_misc import DEADLINE, Served, envelope, reply_error, serving
 
@@ -106,4 +106,45 @@ async def test_a_resend_the_agent_cannot_answer_is_a_typed_error_not_a_second_ru
     assert isinstance(error, ProtocolError)
     assert await rt.send_message(PING, AgentId("counter", key), timeout=DEADLINE) == [
         TextBlock(text=f"{key}#1")
+    ]
+
+
+@shared
+async def test_a_reply_probe_is_dropped_until_its_message_is_handled_then_answered_from_the_checkpoint(
+    served: Served,
+) -> None:
+    """A client whose connection came back probes for the replies it awaits (`plexus.resend: probe`). A probe
+    for a message the agent has not handled yet gets no answer (not ProtocolError: its own handling will
+    answer) and does not count as handling it; once handled, a probe gets the stored reply."""
+    rt = served.rt
+    key = f"k-{uuid.uuid4().hex[:12]}"
+    env = envelope(f"counter/{key}", reply_to=rt.nc.new_inbox())
+    assert env.reply_to is not None
+    sub = await rt.nc.subscribe(env.reply_to)
+
+    async def probe(n: int) -> None:
+        copy = msgspec.structs.replace(env, metadata={"plexus.resend": "probe"})
+        headers = {"Nats-Msg-Id": f"{env.id}~resend~{n}", "Plexus-V": "1"}
+        await rt.js.publish(rt.subjects.inbox("counter", key), encode_envelope(copy), headers=headers)
+
+    try:
+        await probe(1)
+        # The key's next message is handled after the probe (FIFO): by then the probe was dropped unanswered.
+        assert await rt.send_message(PING, AgentId("counter", key), timeout=DEADLINE) == [
+            TextBlock(text=f"{key}#1")
+        ]
+        with pytest.raises(TimeoutError):
+            await sub.next_msg(timeout=0.3)
+        # The message itself, sent now, is handled (the probe did not mark it handled), once.
+        headers = {"Nats-Msg-Id": env.id, "Plexus-V": "1"}
+        await rt.js.publish(rt.subjects.inbox("counter", key), encode_envelope(env), headers=headers)
+        first = await sub.next_msg(timeout=DEADLINE)
+        await probe(2)
+        again = await sub.next_msg(timeout=DEADLINE)
+    finally:
+        await sub.unsubscribe()
+    assert first.data == again.data
+    assert decode_reply(first.data).ok
+    assert await rt.send_message(PING, AgentId("counter", key), timeout=DEADLINE) == [
+        TextBlock(text=f"{key}#3")
     ]

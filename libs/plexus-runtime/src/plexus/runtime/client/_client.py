@@ -113,6 +113,7 @@ class Runtime(RunsClient):
             gets=StreamGets(nc),
         )
         self._delivery = Delivery(self._connection)
+        self._connection.on_reconnect.append(self._delivery.reconnected)
         self.orchestrator = OrchestratorClient(self._connection)
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._send_terminal)
@@ -147,9 +148,18 @@ class Runtime(RunsClient):
         servers = [url] if isinstance(url, str) else list(url)
         auth = NatsAuth.from_env() if auth is None else auth
         closed = asyncio.Event()
+        rt: Runtime | None = None
 
         async def on_closed() -> None:
             closed.set()
+
+        async def on_disconnected() -> None:
+            if rt is not None:
+                rt.connection.notify(rt.connection.on_disconnect)
+
+        async def on_reconnected() -> None:
+            if rt is not None:
+                rt.connection.notify(rt.connection.on_reconnect)
 
         # nats-py closes a connection for good on some protocol errors (e.g. "maximum control line
         # exceeded") even with unlimited reconnects: long-lived processes watch `connection_closed`.
@@ -158,6 +168,8 @@ class Runtime(RunsClient):
             name=name or "plexus",
             max_reconnect_attempts=-1,
             closed_cb=on_closed,
+            disconnected_cb=on_disconnected,
+            reconnected_cb=on_reconnected,
             **auth.connect_options(),
         )
         topology = await ensure_topology(
@@ -203,6 +215,7 @@ class Runtime(RunsClient):
 
     async def close(self) -> None:
         self._delivery.replies.cancel_all()
+        self._delivery.cancel_probes()
         self._connection.gets.cancel_all()
         with contextlib.suppress(Exception):
             await self.subscriptions.stop()

@@ -7,7 +7,9 @@ without reaching into the client object that also runs RPCs, subscriptions and r
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
@@ -20,6 +22,8 @@ from plexus.runtime.store._topology import Topology
 from plexus.runtime.wire._subjects import Subjects
 
 __all__ = ["Connection"]
+
+log = logging.getLogger("plexus.client")
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +44,19 @@ class Connection:
     acks: DeferredAcks
     #: Last-message reads of a stream subject (`js.get_last_msg` without a request per read).
     gets: StreamGets
+    #: Called when the NATS connection drops and each time it is re-established (from nats-py's reconnect
+    #: task; keep them short): core messages to or from this process around the drop, replies say, may be
+    #: lost.
+    on_disconnect: list[Callable[[], None]] = field(default_factory=list)
+    on_reconnect: list[Callable[[], None]] = field(default_factory=list)
+
+    def notify(self, listeners: list[Callable[[], None]]) -> None:
+        """Call `listeners` (`on_disconnect` or `on_reconnect`)."""
+        for listener in list(listeners):
+            try:
+                listener()
+            except Exception:  # one listener's bug must not stop the others (nor nats-py's reconnect)
+                log.exception("connection listener %r failed", listener)
 
     def subjects_for(self, namespace: str | None = None) -> Subjects:
         """The subject builders of `namespace` (default: this connection's namespace)."""

@@ -2,12 +2,15 @@
 
 A stateless type's message is a core request (`Delivery.request`), a durable type's a JetStream publish into
 its inbox stream that rides out leader elections (`Delivery.send_durable`); both wait on the `Runtime`'s reply
-inbox (`_replies.py`) until the caller's deadline.
+inbox (`_replies.py`) until the caller's deadline. A reply is a core message: one published while this
+connection was down is lost, so after a reconnect every durable send still waiting asks for its reply again
+(`Delivery.reconnected`), instead of waiting for its deadline.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 
 import msgspec
@@ -19,7 +22,9 @@ from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
     RESEND,
+    RESEND_DUPLICATE,
     RESEND_ID_SEP,
+    RESEND_PROBE,
     Envelope,
     Reply,
     encode_envelope,
@@ -29,6 +34,8 @@ from ._connection import Connection
 from ._replies import NoRespondersError, ReplyInbox
 
 __all__ = ["Delivery"]
+
+log = logging.getLogger("plexus.client")
 
 #: A core send that meets "no responders" while its type has a live host is sent again after 50, 100 and
 #: 200 ms: a new worker's subscription may not have reached every server of a cluster yet.
@@ -42,6 +49,9 @@ class Delivery:
     def __init__(self, connection: Connection) -> None:
         self._connection = connection
         self.replies = ReplyInbox(connection.nc)
+        #: Durable sends stored in their inbox stream and awaiting a reply: message id -> what a probe needs.
+        self._awaited: dict[str, tuple[str, Envelope, dict[str, str], float]] = {}
+        self._probes: set[asyncio.Task[None]] = set()
 
     async def request(
         self,
@@ -103,6 +113,7 @@ class Delivery:
                 # The same message id inside the dedupe window: the server dropped this copy, so nobody would
                 # answer it. Ask the agent for the stored reply instead (the handler never runs twice).
                 await self._resend(subject, env, headers, max(deadline - time.monotonic(), 0.001))
+            self._awaited[env.id] = (subject, env, headers, deadline)
             try:
                 return await self.replies.answer(
                     future, max(deadline - time.monotonic(), 0.001), TimeoutError
@@ -110,7 +121,32 @@ class Delivery:
             except TimeoutError:
                 raise ReplyTimeoutError(str(recipient), env.id, timeout_s) from None
         finally:
+            self._awaited.pop(env.id, None)
             future.cancel()  # no-op once answered
+
+    def reconnected(self) -> None:
+        """The connection is back: a reply published while it was down is lost, so every durable send still
+        waiting sends a probe (a resend the agent answers from its checkpoint once the message is handled,
+        and drops while it is not: then the message's own handling answers)."""
+        for subject, env, headers, deadline in list(self._awaited.values()):
+            task = asyncio.ensure_future(self._probe(subject, env, headers, deadline))
+            self._probes.add(task)
+            task.add_done_callback(self._probes.discard)
+
+    def cancel_probes(self) -> None:
+        for task in list(self._probes):
+            task.cancel()
+
+    async def _probe(self, subject: str, env: Envelope, headers: dict[str, str], deadline: float) -> None:
+        delay = 0.1
+        while env.id in self._awaited and (remaining := deadline - time.monotonic()) > 0:
+            try:
+                await self._resend(subject, env, headers, min(remaining, 5.0), RESEND_PROBE)
+                return
+            except Exception as exc:  # the cluster may still be electing leaders: again, until the deadline
+                log.debug("reply probe for %s not stored yet: %r", env.id, exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 1.0)
 
     async def _publish_durable(
         self,
@@ -142,10 +178,17 @@ class Delivery:
             await asyncio.sleep(delay)
             delay = min(delay * 2, 1.0)
 
-    async def _resend(self, subject: str, env: Envelope, headers: dict[str, str], timeout: float) -> None:
+    async def _resend(
+        self,
+        subject: str,
+        env: Envelope,
+        headers: dict[str, str],
+        timeout: float,
+        kind: str = RESEND_DUPLICATE,
+    ) -> None:
         """Publish a copy of `env` marked as a resend under a fresh `Nats-Msg-Id`: it queues behind the
         original in the agent's FIFO and is answered from the checkpoint, never handled a second time."""
-        resend = msgspec.structs.replace(env, metadata={**env.metadata, RESEND: "1"})
+        resend = msgspec.structs.replace(env, metadata={**env.metadata, RESEND: kind})
         fresh = {**headers, HDR_MSG_ID: f"{env.id}{RESEND_ID_SEP}{time.time_ns()}"}
         await self._connection.acks.publish_acked(
             subject, encode_envelope(resend), headers=fresh, timeout=timeout

@@ -25,7 +25,9 @@ __all__ = [
     "HDR_TOPIC_TO",
     "HDR_VERSION",
     "RESEND",
+    "RESEND_DUPLICATE",
     "RESEND_ID_SEP",
+    "RESEND_PROBE",
     "TRACE_HEADERS",
     "WIRE_VERSION",
     "Envelope",
@@ -53,10 +55,15 @@ HDR_MSG_ID = "Nats-Msg-Id"
 # A topic publication is one message; this header lists the stateless agent types it is for (space
 # separated, escaped tokens), so a worker's per-type queue group skips the others without decoding.
 HDR_TOPIC_TO = "Plexus-To"
-#: Metadata flag of a resend: a copy of an envelope whose first copy JetStream de-duplicated; the worker
-#: answers it from the checkpoint and never runs the handler for it. Its `Nats-Msg-Id` is the envelope id,
-#: `RESEND_ID_SEP` and a suffix.
+#: Metadata key of a resend: a copy of an envelope the worker answers from the checkpoint and never runs the
+#: handler for. Its `Nats-Msg-Id` is the envelope id, `RESEND_ID_SEP` and a suffix. Value `RESEND_DUPLICATE`:
+#: JetStream de-duplicated the first copy (an agent that does not remember the message answers
+#: ProtocolError); `RESEND_PROBE`: the caller's connection was interrupted while it awaited the reply, which
+#: may have been lost (one not handled yet is dropped without an answer: its own handling will answer).
 RESEND = "plexus.resend"
+RESEND_DUPLICATE = "1"
+RESEND_PROBE = "probe"
+_RESEND_KINDS = (RESEND_DUPLICATE, RESEND_PROBE)
 RESEND_ID_SEP = "~resend~"
 #: W3C trace context (and baggage) headers, copied from an incoming message to the messages it causes.
 TRACE_HEADERS = ("traceparent", "tracestate", "baggage")
@@ -279,7 +286,7 @@ def decode_envelope(data: bytes | bytearray | memoryview, headers: Mapping[str, 
 
 def _is_resend_of(msg_id: str, env: Envelope) -> bool:
     # A resend carries its own de-duplication id (the original's is taken) and says so in its metadata.
-    return env.metadata.get(RESEND) == "1" and msg_id.startswith(env.id + RESEND_ID_SEP)
+    return env.metadata.get(RESEND) in _RESEND_KINDS and msg_id.startswith(env.id + RESEND_ID_SEP)
 
 
 def decode_reply(data: bytes | bytearray | memoryview) -> Reply:

@@ -20,6 +20,8 @@ from plexus.runtime._app import App
 from plexus.runtime.client._supervisor import new_root_run
 from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
+    RESEND,
+    RESEND_PROBE,
     Envelope,
     Reply,
     WireError,
@@ -31,6 +33,7 @@ from plexus.runtime.wire._envelope import (
 from plexus.runtime.wire._subjects import SubjectTooLongError, checkpoint_key, reply_subject_problem
 
 from ._deadletter import dead_letter
+from ._replies import RecentReplies
 from ._work import _envelope_problem, _id_problem, _origin_problem, _Work
 
 if TYPE_CHECKING:
@@ -50,6 +53,8 @@ class Intake:
         self.app = app
         self.rt = rt
         self.worker_id = worker_id
+        #: Stopped with the worker (`Worker.stop` closes it).
+        self.recent_replies = RecentReplies(rt.connection)
 
     async def read(self, msg: Msg, *, durable: bool) -> _Work | None:
         """The work `msg` carries, or None when it was dead-lettered (and answered, and acked)."""
@@ -256,6 +261,20 @@ class Intake:
         if target:
             await self.publish_reply(target, encode_reply(reply))
 
+    async def answer_unkept_resend(self, work: _Work, seen: bool) -> None:
+        """Answer a resend (`RESEND`) of a message whose reply its agent does not keep. A probe for one not
+        handled yet gets no answer: its own handling answers the caller (reconnected by now). Otherwise the
+        agent no longer remembers it, or did not keep its reply: answering by running the handler could run
+        it twice, so the caller gets a typed error instead."""
+        env = work.env
+        if env.metadata.get(RESEND) == RESEND_PROBE and not seen:
+            return
+        error = ProtocolError(f"message {env.id} was handled but its reply is no longer kept")
+        if work.reply_to:
+            await self.publish_reply(
+                work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
+            )
+
     async def publish_reply(self, target: str, data: bytes) -> None:
         """Publish a reply, only ever to a reply subject (the last guard: intake refused the others)."""
         problem = reply_subject_problem(target)
@@ -264,3 +283,4 @@ class Intake:
             return
         with contextlib.suppress(Exception):  # a caller that went away is not our failure
             await self.rt.nc.publish(target, data)
+            self.recent_replies.published(target, data)

@@ -25,7 +25,6 @@ from plexus.core import (
     ConcurrentAppendError,
     HandlerError,
     KernelError,
-    ProtocolError,
 )
 from plexus.runtime._app import App
 from plexus.runtime._context import Context
@@ -256,6 +255,7 @@ class Worker(Upkeep):
             task.cancel()
         if self._tasks:
             await asyncio.wait(self._tasks, timeout=5)
+        self._intake.recent_replies.close()
         with contextlib.suppress(Exception):
             await self.rt.registry.remove_worker(self.worker_id)
         for interceptor in reversed(self.app.interceptors):
@@ -417,14 +417,8 @@ class Worker(Upkeep):
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
         activation = await self._activations.activate(agent_id, agent_type)
         seen, stored_reply = activation.reply_for(env.id)
-        if env.metadata.get(RESEND) == "1" and stored_reply is None:
-            # A resend of a message this agent no longer remembers (or whose reply it did not keep): answering
-            # by running the handler could run it twice, so the caller gets a typed error instead.
-            error = ProtocolError(f"message {env.id} was handled but its reply is no longer kept")
-            if work.reply_to:
-                await self._publish_reply(
-                    work.reply_to, encode_reply(Reply(id=env.id, ok=False, error=error.to_wire()))
-                )
+        if RESEND in env.metadata and stored_reply is None:
+            await self._intake.answer_unkept_resend(work, seen)
             return ACK
         redelivered = work.delivery[0] > 1
         if redelivered and metrics_enabled():

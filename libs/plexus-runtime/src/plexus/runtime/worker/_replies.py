@@ -1,0 +1,65 @@
+"""`RecentReplies`: a worker answers again, after a reconnect, what it answered just before a disconnect.
+
+A reply is a core message. One written to the socket of a nats-server that then died (read by it but not yet
+forwarded to the caller's server, or not read at all) is lost, and its caller would wait for its deadline:
+the inbox message was acked, so no redelivery answers it from the checkpoint. The worker keeps the replies of
+the last `WINDOW_S` seconds (at most `LIMIT`); when its connection drops it sets aside those sent in that
+window, and publishes them again once reconnected. A caller that already has its answer ignores the copy
+(its reply inbox no longer expects the id). Replies published while disconnected are not at risk: nats-py
+buffers them and sends them on reconnect.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import deque
+
+from plexus.runtime.client._connection import Connection
+
+__all__ = ["RecentReplies"]
+
+
+class RecentReplies:
+    """The last replies published on `nc`, re-published after a reconnect."""
+
+    WINDOW_S = 1.0
+    LIMIT = 8192
+
+    def __init__(self, connection: Connection) -> None:
+        self._connection = connection
+        self._nc = connection.nc
+        self._recent: deque[tuple[float, str, bytes]] = deque(maxlen=self.LIMIT)
+        self._unsure: list[tuple[str, bytes]] = []
+        self._tasks: set[asyncio.Task[None]] = set()
+        connection.on_disconnect.append(self.disconnected)
+        connection.on_reconnect.append(self.reconnected)
+
+    def published(self, subject: str, data: bytes) -> None:
+        self._recent.append((time.monotonic(), subject, data))
+
+    def disconnected(self) -> None:
+        since = time.monotonic() - self.WINDOW_S
+        self._unsure.extend((s, d) for t, s, d in self._recent if t >= since)
+        self._recent.clear()
+
+    def reconnected(self) -> None:
+        unsure, self._unsure = self._unsure, []
+        if unsure:
+            task = asyncio.ensure_future(self._publish(unsure))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _publish(self, replies: list[tuple[str, bytes]]) -> None:
+        for subject, data in replies:
+            with contextlib.suppress(Exception):  # a caller that went away is not our failure
+                await self._nc.publish(subject, data)
+
+    def close(self) -> None:
+        with contextlib.suppress(ValueError):
+            self._connection.on_disconnect.remove(self.disconnected)
+        with contextlib.suppress(ValueError):
+            self._connection.on_reconnect.remove(self.reconnected)
+        for task in list(self._tasks):
+            task.cancel()
