@@ -32,6 +32,7 @@ from .interceptors._interceptors import (
 from .interceptors._metrics import MetricsInterceptor
 from .ops._auth import NatsAuth, NatsAuthError
 from .ops._health import HealthServer
+from .ops._liveness import liveness_options
 from .ops._security import SecurityLayout, security_init
 from .ops._server import NatsCluster, NatsServer, NatsServerError
 from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
@@ -130,6 +131,7 @@ __all__ = [
     "escape_token",
     "is_unavailable",
     "kv_keys",
+    "liveness_options",
     "load_settings",
     "make_headers",
     "metrics_enabled",

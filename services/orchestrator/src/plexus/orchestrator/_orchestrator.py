@@ -14,7 +14,14 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import NatsAuth, Registry, StreamGets, TopologyNames, ensure_topology
+from plexus.runtime import (
+    NatsAuth,
+    Registry,
+    StreamGets,
+    TopologyNames,
+    ensure_topology,
+    liveness_options,
+)
 
 from ._budget import BudgetWatcher
 from ._engine import Engine, EngineConfig
@@ -82,6 +89,7 @@ class Orchestrator:
             name="plexus-orchestrator",
             max_reconnect_attempts=-1,
             closed_cb=on_closed,
+            **liveness_options(),  # a silent server is left in seconds, not minutes
             **auth.connect_options(),
         )
         orch = cls(nc, config, own_connection=True)

@@ -38,6 +38,7 @@ from plexus.runtime.interceptors._interceptors import (
     chain,
 )
 from plexus.runtime.ops._auth import NatsAuth
+from plexus.runtime.ops._liveness import PING_INTERVAL_S, liveness_options
 from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore, check_payload_size, headers_size
@@ -140,11 +141,15 @@ class Runtime(RunsClient):
         name: str | None = None,
         replicas: int | None = None,
         auth: NatsAuth | None = None,
+        ping_interval_s: float = PING_INTERVAL_S,
     ) -> Runtime:
         """Connect to `url` (one URL or a cluster's seed list) and create or reconcile the topology.
 
         `auth` (default: the ``PLEXUS_NATS_*`` environment, `NatsAuth.from_env`) carries credentials, TLS
-        and this identity's inbox prefix; nothing set is the open development mode."""
+        and this identity's inbox prefix; nothing set is the open development mode. A server that stops
+        answering pings sent every `ping_interval_s` (its host died or dropped off the network: no TCP reset,
+        only silence) is left for another of `url` after 2-3 intervals (`ops/_liveness.py`)."""
+        liveness = liveness_options(ping_interval_s)
         servers = [url] if isinstance(url, str) else list(url)
         auth = NatsAuth.from_env() if auth is None else auth
         closed = asyncio.Event()
@@ -167,6 +172,7 @@ class Runtime(RunsClient):
             servers=servers,
             name=name or "plexus",
             max_reconnect_attempts=-1,
+            **liveness,
             closed_cb=on_closed,
             disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,

@@ -33,7 +33,7 @@ from plexus.runtime.wire._envelope import (
 from plexus.runtime.wire._subjects import SubjectTooLongError, checkpoint_key, reply_subject_problem
 
 from ._deadletter import dead_letter
-from ._replies import RecentReplies
+from ._recent_replies import RecentReplies
 from ._work import _envelope_problem, _id_problem, _origin_problem, _Work
 
 if TYPE_CHECKING:
