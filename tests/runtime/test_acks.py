@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -77,3 +79,42 @@ async def test_too_large_is_refused_before_sending_and_silence_times_out(nc: Cli
     with pytest.raises(nats.errors.TimeoutError):
         await acks.publish_acked("silent.c", b"x", timeout=0.2)
     assert acks._pending == {}  # nothing is left waiting
+
+
+async def _swallowing_first(nc: Client, subject: str, seen: list[float]) -> None:
+    """A responder on `subject` that drops the first copy of a request, as a stream electing its leader
+    does, and answers the next ones as a stream would."""
+
+    async def respond(msg: Any) -> None:
+        seen.append(time.monotonic())
+        if len(seen) > 1:
+            await msg.respond(b'{"stream": "%s", "seq": 7}' % STREAM.encode())
+
+    await nc.subscribe(subject, cb=respond)
+    await nc.flush()
+
+
+async def test_a_publish_the_stream_de_duplicates_is_sent_again_until_answered(nc: Client) -> None:
+    """Sent while its stream elected a leader, a publish is never answered; one with a `Nats-Msg-Id` (the
+    stream keeps one copy) is sent again every second, so it waits about as long as the election instead
+    of its whole timeout."""
+    seen: list[float] = []
+    await _swallowing_first(nc, "elect.a", seen)
+    acks = DeferredAcks(nc)
+    started = time.monotonic()
+    ack = await acks.publish_acked("elect.a", b"x", headers={"Nats-Msg-Id": "m-1"}, timeout=5)
+    assert ack.seq == 7
+    assert len(seen) == 2
+    assert 0.8 < seen[1] - started < 2.0
+    await asyncio.sleep(1.3)
+    assert len(seen) == 2  # answered: no more copies
+
+
+async def test_a_publish_without_a_message_id_is_never_sent_twice(nc: Client) -> None:
+    """Without a `Nats-Msg-Id` a second copy could be stored twice: the publish waits for its timeout."""
+    seen: list[float] = []
+    await _swallowing_first(nc, "elect.b", seen)
+    acks = DeferredAcks(nc)
+    with pytest.raises(nats.errors.TimeoutError):
+        await acks.publish_acked("elect.b", b"x", timeout=2.5)
+    assert len(seen) == 1

@@ -143,3 +143,25 @@ async def test_stop_unsubscribes_and_a_later_read_subscribes_again(nc: NATS) -> 
     assert len(nc._subs) == subscriptions - 1
     assert (await gets.get_last_msg(STREAM, "gets.s")).data == b"x"
     assert len(nc._subs) == subscriptions
+
+
+async def test_a_read_swallowed_by_a_leader_election_is_asked_again(nc: NATS) -> None:
+    """A read sent while the stream elects its leader is never answered; it is asked again every second (a
+    read is safe to repeat), so it waits about as long as the election, not its 5 s timeout. The relay
+    drops the first copy and passes the next ones to the real API."""
+    await nc.jetstream().publish("gets.e", b"stored")
+    copies: list[float] = []
+
+    async def relay(msg: Any) -> None:
+        copies.append(asyncio.get_running_loop().time())
+        if len(copies) > 1:
+            real = await nc.request(f"$JS.API.STREAM.MSG.GET.{STREAM}", msg.data, timeout=5)
+            await msg.respond(real.data)
+
+    await nc.subscribe(f"$ELECT.API.STREAM.MSG.GET.{STREAM}", cb=relay)
+    await nc.flush()
+    started = asyncio.get_running_loop().time()
+    got = await StreamGets(nc, api_prefix="$ELECT.API").get_last_msg(STREAM, "gets.e")
+    assert got.data == b"stored"
+    assert len(copies) == 2
+    assert 0.8 < copies[1] - started < 2.0

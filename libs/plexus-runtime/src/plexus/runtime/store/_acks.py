@@ -22,9 +22,11 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from plexus.runtime.store._artifacts import check_payload_size, headers_size
-from plexus.runtime.store._inbox import MultiplexedInbox
+from plexus.runtime.store._inbox import REPEAT_S, MultiplexedInbox
 
 __all__ = ["DeferredAcks"]
+
+_MSG_ID = "Nats-Msg-Id"
 
 
 class DeferredAcks(MultiplexedInbox[dict[str, Any]]):
@@ -54,7 +56,9 @@ class DeferredAcks(MultiplexedInbox[dict[str, Any]]):
         """``js.publish``: the ack, or what it raises (`nats.errors.TimeoutError`, nats-py's typed API
         errors); `PayloadTooLargeError` before sending what the server would refuse with a disconnect."""
         check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
-        future = await self.publish(subject, data, headers)
+        # With a `Nats-Msg-Id` the stream keeps one copy: sent again while a leader election swallows it.
+        repeat = REPEAT_S if headers is not None and _MSG_ID in headers else None
+        future = await self.request(subject, data, headers, repeat_s=repeat)
         try:
             answer = await self.answer(
                 future, self.timeout_s if timeout is None else timeout, nats.errors.TimeoutError

@@ -10,6 +10,7 @@ what an answer means (`_resolve`) and what "no responders" raises.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 from collections.abc import Callable
 from typing import Generic, TypeVar
@@ -18,9 +19,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 
-__all__ = ["MultiplexedInbox"]
+__all__ = ["REPEAT_S", "MultiplexedInbox"]
 
 T = TypeVar("T")
+
+#: How often a request that is safe to repeat is sent again while unanswered (`MultiplexedInbox.request`).
+REPEAT_S = 1.0
 
 #: The status NATS answers a publish with a reply subject when no subscription matches it (and the
 #: connection asked for it, as nats-py's does).
@@ -41,6 +45,7 @@ class MultiplexedInbox(Generic[T]):
         self._sub: Subscription | None = None
         self._subscribing = asyncio.Lock()
         self._tokens = itertools.count()
+        self._repeats: set[asyncio.Task[None]] = set()  # repeated requests being sent (kept from the GC)
 
     async def start(self) -> None:
         """Subscribe (once; concurrent first callers share the subscription)."""
@@ -65,9 +70,19 @@ class MultiplexedInbox(Generic[T]):
         return f"{self.prefix}.{token}", future
 
     async def request(
-        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+        self,
+        subject: str,
+        data: bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        repeat_s: float | None = None,
     ) -> asyncio.Future[T]:
-        """Publish `data` to `subject` now, answered on a fresh token; the future holds the answer."""
+        """Publish `data` to `subject` now, answered on a fresh token; the future holds the answer.
+
+        `repeat_s`, for a request that is safe to repeat (a read; a publish the stream de-duplicates by
+        its ``Nats-Msg-Id``): sent again every `repeat_s` seconds until answered (the first answer counts).
+        One sent while a stream elects its leader is never answered; a repeat after the election is, so the
+        caller waits about as long as the election, not its whole timeout."""
         await self.start()
         reply, future = self.expect(str(next(self._tokens)))
         try:
@@ -75,7 +90,37 @@ class MultiplexedInbox(Generic[T]):
         except BaseException:
             future.cancel()
             raise
+        if repeat_s is not None:
+            self._repeat(future, repeat_s, subject, data, reply, headers)
         return future
+
+    def _repeat(
+        self,
+        future: asyncio.Future[T],
+        every_s: float,
+        subject: str,
+        data: bytes,
+        reply: str,
+        headers: dict[str, str] | None,
+    ) -> None:
+        loop = asyncio.get_running_loop()
+
+        def again() -> None:
+            if future.done():
+                return
+            task = loop.create_task(self._publish_quietly(subject, data, reply, headers))
+            self._repeats.add(task)
+            task.add_done_callback(self._repeats.discard)
+            timer[0] = loop.call_later(every_s, again)
+
+        timer = [loop.call_later(every_s, again)]
+        future.add_done_callback(lambda _f: timer[0].cancel())
+
+    async def _publish_quietly(
+        self, subject: str, data: bytes, reply: str, headers: dict[str, str] | None
+    ) -> None:
+        with contextlib.suppress(Exception):  # reconnecting: the next repeat (or the timeout) covers it
+            await self.nc.publish(subject, data, reply=reply, headers=headers)
 
     @staticmethod
     async def answer(future: asyncio.Future[T], timeout: float, expired: Callable[[], Exception]) -> T:
