@@ -118,3 +118,14 @@ async def test_a_publish_without_a_message_id_is_never_sent_twice(nc: Client) ->
     with pytest.raises(nats.errors.TimeoutError):
         await acks.publish_acked("elect.b", b"x", timeout=2.5)
     assert len(seen) == 1
+
+
+async def test_a_publish_its_caller_makes_safe_to_repeat_is_sent_again_without_a_message_id(
+    nc: Client,
+) -> None:
+    """`repeat=True`: a fenced EventLog append carries no message id but is safe to send again."""
+    seen: list[float] = []
+    await _swallowing_first(nc, "elect.c", seen)
+    ack = await DeferredAcks(nc).publish_acked("elect.c", b"x", timeout=5, repeat=True)
+    assert ack.seq == 7
+    assert len(seen) == 2

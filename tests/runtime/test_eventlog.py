@@ -435,3 +435,39 @@ async def test_missing_stream_is_not_an_empty_log(js: JetStreamContext) -> None:
 def test_concurrent_append_error_round_trips_the_wire() -> None:
     err = ConcurrentAppendError(3, 7)
     assert KernelError.from_wire(err.to_wire()) == err
+
+
+async def test_an_append_repeated_after_its_first_copy_landed_is_stored_once_and_returns_its_seq(
+    js: JetStreamContext,
+) -> None:
+    """An append is sent again while unanswered (a leader election swallows requests). When the first copy
+    landed and only its ack was lost, the repeat fails the fence; the log recognises its own batch as the
+    last one (its `Plexus-Append` id) and returns its sequence instead of a conflict. Here the publish sends
+    every append twice and answers with the second copy's outcome."""
+    log_dict = dict_log(js, "px.default.evlog.rep.a")
+
+    async def twice(
+        subject: str,
+        data: bytes,
+        *,
+        headers: dict[str, str] | None = None,
+        timeout: float | None = None,
+        repeat: bool | None = None,
+    ) -> Any:
+        assert repeat is True  # a fenced append asks to be repeated
+        await js.publish(subject, data, headers=headers)  # landed; its ack "lost"
+        return await js.publish(subject, data, headers=headers, timeout=timeout)
+
+    log = EventLog(
+        js,
+        "px.default.evlog.rep.a",
+        encode=lambda e: json.dumps(e).encode(),
+        decode=lambda b: json.loads(b),
+        publish=twice,
+    )
+    assert await log.append([{"n": 1}], 0) == 1
+    assert await log.append([{"n": 2}], 1) == 2
+    assert [r.entry for r in await log_dict.read()] == [{"n": 1}, {"n": 2}]
+    # Another writer's batch at the same expected sequence is still a conflict.
+    with pytest.raises(ConcurrentAppendError):
+        await log.append([{"n": "other"}], 1)

@@ -52,13 +52,18 @@ class DeferredAcks(MultiplexedInbox[dict[str, Any]]):
         *,
         headers: dict[str, str] | None = None,
         timeout: float | None = None,
+        repeat: bool | None = None,
     ) -> js_api.PubAck:
         """``js.publish``: the ack, or what it raises (`nats.errors.TimeoutError`, nats-py's typed API
-        errors); `PayloadTooLargeError` before sending what the server would refuse with a disconnect."""
+        errors); `PayloadTooLargeError` before sending what the server would refuse with a disconnect.
+
+        ``repeat``: send it again every `REPEAT_S` while unanswered (a leader election swallows it) — by
+        default only with a `Nats-Msg-Id` (the stream keeps one copy); True for a publish the caller makes
+        safe otherwise (a fenced EventLog append)."""
         check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
-        # With a `Nats-Msg-Id` the stream keeps one copy: sent again while a leader election swallows it.
-        repeat = REPEAT_S if headers is not None and _MSG_ID in headers else None
-        future = await self.request(subject, data, headers, repeat_s=repeat)
+        if repeat is None:
+            repeat = headers is not None and _MSG_ID in headers
+        future = await self.request(subject, data, headers, repeat_s=REPEAT_S if repeat else None)
         try:
             answer = await self.answer(
                 future, self.timeout_s if timeout is None else timeout, nats.errors.TimeoutError

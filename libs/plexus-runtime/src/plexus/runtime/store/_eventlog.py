@@ -15,6 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import itertools
+import os
 import re
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -51,6 +53,11 @@ EventLogEntry = KernelMessage | UnknownMessage
 _EXPECTED_LAST_SUBJECT_SEQ = "Nats-Expected-Last-Subject-Sequence"
 _EXPECTED_STREAM = "Nats-Expected-Stream"
 _MSG_ID = "Nats-Msg-Id"
+#: Header naming one append (all its copies): a repeat whose first copy landed recognises it as its own. Not a
+#: `Nats-Msg-Id`: the stream would keep every id for its dedupe window, a memory cost per message.
+_APPEND_ID = "Plexus-Append"
+_APPEND_ID_PREFIX = os.urandom(6).hex() + "-"
+_APPEND_IDS = itertools.count()
 # 10071: "wrong last sequence: N"; 10164: the same check failing without a number (batch/in-flight cases).
 _WRONG_LAST_SEQ_CODES = (10071, 10164)
 _NO_MESSAGE_FOUND = 10037
@@ -68,10 +75,17 @@ class LogRecord(Generic[T]):
 
 
 class Publish(Protocol):
-    """How an append reaches the stream: ``js.publish``'s contract (the PubAck, or its errors)."""
+    """How an append reaches the stream: ``js.publish``'s contract (the PubAck, or its errors). ``repeat``:
+    the append may be sent again while unanswered (it is fenced, and recognised by its content, below)."""
 
     def __call__(
-        self, subject: str, data: bytes, *, headers: dict[str, str] | None = ..., timeout: float | None = ...
+        self,
+        subject: str,
+        data: bytes,
+        *,
+        headers: dict[str, str] | None = ...,
+        timeout: float | None = ...,
+        repeat: bool | None = ...,
     ) -> Awaitable[PubAck]: ...
 
 
@@ -171,9 +185,15 @@ class EventLog(Generic[T]):
         headers = {_EXPECTED_LAST_SUBJECT_SEQ: str(expected_seq), _EXPECTED_STREAM: self.stream}
         if msg_id is not None:
             headers[_MSG_ID] = msg_id
+        append_id = None
         try:
             if self._publish is not None:
-                ack = await self._publish(self.subject, payload, headers=headers, timeout=self._timeout)
+                # Sent again while unanswered (a leader election swallows it): a copy after one that landed
+                # fails the fence and is recognised as ours by its append id, so it is never stored twice.
+                headers[_APPEND_ID] = append_id = f"{_APPEND_ID_PREFIX}{next(_APPEND_IDS)}"
+                ack = await self._publish(
+                    self.subject, payload, headers=headers, timeout=self._timeout, repeat=True
+                )
             else:
                 ack = await safe_publish(
                     self._js, self.subject, payload, headers=headers, ack_timeout=self._timeout
@@ -182,8 +202,8 @@ class EventLog(Generic[T]):
             if exc.err_code not in _WRONG_LAST_SEQ_CODES:
                 raise
             actual = _parse_actual_seq(exc.description)
-            if msg_id is not None:
-                landed = await self._seq_if_last_is(msg_id)
+            if msg_id is not None or append_id is not None:
+                landed = await self._seq_if_last_is(msg_id, append_id)
                 if landed is not None:
                     return landed
             if actual is None:
@@ -329,13 +349,18 @@ class EventLog(Generic[T]):
             raise ValueError(f"EventLog {self.subject} seq {seq} is not a JSON array: {exc}") from None
         return [LogRecord(seq, i, self._decode(bytes(raw))) for i, raw in enumerate(raw_entries)]
 
-    async def _seq_if_last_is(self, msg_id: str) -> int | None:
+    async def _seq_if_last_is(self, msg_id: str | None, append_id: str | None) -> int | None:
+        """The sequence of the log's last batch when it is this append (an earlier attempt or a copy of it
+        landed): the same `msg_id`, or the same `append_id`."""
         try:
             msg = await self._get_last_msg(self.stream, self.subject)
         except NotFoundError:
             return None
         headers = msg.headers or {}
-        return int(msg.seq or 0) if headers.get(_MSG_ID) == msg_id else None
+        ours = (msg_id is not None and headers.get(_MSG_ID) == msg_id) or (
+            append_id is not None and headers.get(_APPEND_ID) == append_id
+        )
+        return int(msg.seq or 0) if ours else None
 
 
 class LogTail(Generic[T]):
