@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from plexus.runtime.store._artifacts import check_payload_size, headers_size
-from plexus.runtime.store._inbox import REPEAT_S, MultiplexedInbox
+from plexus.runtime.store._inbox import MultiplexedInbox
 
 __all__ = ["DeferredAcks"]
 
@@ -63,7 +63,7 @@ class DeferredAcks(MultiplexedInbox[dict[str, Any]]):
         check_payload_size(len(data) + headers_size(headers), self.nc.max_payload)
         if repeat is None:
             repeat = headers is not None and _MSG_ID in headers
-        future = await self.request(subject, data, headers, repeat_s=REPEAT_S if repeat else None)
+        future = await self.request(subject, data, headers, repeat=repeat)
         try:
             answer = await self.answer(
                 future, self.timeout_s if timeout is None else timeout, nats.errors.TimeoutError

@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.js import api as js_api
 
 from plexus.runtime.store._eventlog import GetLastMsg
-from plexus.runtime.store._inbox import REPEAT_S, MultiplexedInbox
+from plexus.runtime.store._inbox import MultiplexedInbox
 
 __all__ = ["StreamGets", "read_kv_entry"]
 
@@ -54,7 +54,7 @@ class StreamGets(MultiplexedInbox[Msg]):
         future = await self.request(
             f"{self._api}.STREAM.MSG.GET.{stream}",
             _encode({"last_by_subj": subject}),
-            repeat_s=REPEAT_S,  # a read: asked again while a leader election swallows it
+            repeat=True,  # a read: asked again while a leader election swallows it
         )
         try:
             msg = await self.answer(future, self.timeout_s, nats.errors.TimeoutError)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import time
 from collections.abc import Callable
 from typing import Generic, TypeVar
 
@@ -45,7 +46,9 @@ class MultiplexedInbox(Generic[T]):
         self._sub: Subscription | None = None
         self._subscribing = asyncio.Lock()
         self._tokens = itertools.count()
-        self._repeats: set[asyncio.Task[None]] = set()  # repeated requests being sent (kept from the GC)
+        #: Requests to send again while unanswered: token -> (when next, subject, data, headers).
+        self._repeatable: dict[str, tuple[float, str, bytes, dict[str, str] | None]] = {}
+        self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         """Subscribe (once; concurrent first callers share the subscription)."""
@@ -65,6 +68,7 @@ class MultiplexedInbox(Generic[T]):
         def done(f: asyncio.Future[T]) -> None:
             if self._pending.get(token) is f:  # a later request may have reused the token
                 del self._pending[token]
+                self._repeatable.pop(token, None)
 
         future.add_done_callback(done)
         return f"{self.prefix}.{token}", future
@@ -75,52 +79,45 @@ class MultiplexedInbox(Generic[T]):
         data: bytes,
         headers: dict[str, str] | None = None,
         *,
-        repeat_s: float | None = None,
+        repeat: bool = False,
     ) -> asyncio.Future[T]:
         """Publish `data` to `subject` now, answered on a fresh token; the future holds the answer.
 
-        `repeat_s`, for a request that is safe to repeat (a read; a publish the stream de-duplicates by
-        its ``Nats-Msg-Id``): sent again every `repeat_s` seconds until answered (the first answer counts).
-        One sent while a stream elects its leader is never answered; a repeat after the election is, so the
-        caller waits about as long as the election, not its whole timeout."""
+        `repeat`, for a request that is safe to repeat (a read; a publish the stream de-duplicates by its
+        ``Nats-Msg-Id``; a fenced append): sent again every `REPEAT_S` until answered (the first answer
+        counts). One sent while a stream elects its leader is never answered; a repeat after the election
+        is, so the caller waits about as long as the election, not its whole timeout."""
         await self.start()
-        reply, future = self.expect(str(next(self._tokens)))
+        token = str(next(self._tokens))
+        reply, future = self.expect(token)
         try:
             await self.nc.publish(subject, data, reply=reply, headers=headers)
         except BaseException:
             future.cancel()
             raise
-        if repeat_s is not None:
-            self._repeat(future, repeat_s, subject, data, reply, headers)
+        if repeat:
+            # One sweeper for all: a dict entry per request on the hot path, no timer of its own.
+            self._repeatable[token] = (time.monotonic() + REPEAT_S, subject, data, headers)
+            if self._sweeper is None:
+                self._sweeper = asyncio.create_task(self._sweep(), name="inbox-repeats")
         return future
 
-    def _repeat(
-        self,
-        future: asyncio.Future[T],
-        every_s: float,
-        subject: str,
-        data: bytes,
-        reply: str,
-        headers: dict[str, str] | None,
-    ) -> None:
-        loop = asyncio.get_running_loop()
-
-        def again() -> None:
-            if future.done():
-                return
-            task = loop.create_task(self._publish_quietly(subject, data, reply, headers))
-            self._repeats.add(task)
-            task.add_done_callback(self._repeats.discard)
-            timer[0] = loop.call_later(every_s, again)
-
-        timer = [loop.call_later(every_s, again)]
-        future.add_done_callback(lambda _f: timer[0].cancel())
-
-    async def _publish_quietly(
-        self, subject: str, data: bytes, reply: str, headers: dict[str, str] | None
-    ) -> None:
-        with contextlib.suppress(Exception):  # reconnecting: the next repeat (or the timeout) covers it
-            await self.nc.publish(subject, data, reply=reply, headers=headers)
+    async def _sweep(self) -> None:
+        """Send again what is still unanswered `REPEAT_S` after it was last sent; ends when nothing is."""
+        try:
+            while self._repeatable:
+                await asyncio.sleep(REPEAT_S / 4)
+                now = time.monotonic()
+                due = [(t, entry) for t, entry in self._repeatable.items() if entry[0] <= now]
+                for token, (_, subject, data, headers) in due:
+                    future = self._pending.get(token)
+                    if token not in self._repeatable or future is None or future.done():
+                        continue  # answered meanwhile
+                    self._repeatable[token] = (now + REPEAT_S, subject, data, headers)
+                    with contextlib.suppress(Exception):  # reconnecting: the next round covers it
+                        await self.nc.publish(subject, data, reply=f"{self.prefix}.{token}", headers=headers)
+        finally:
+            self._sweeper = None
 
     @staticmethod
     async def answer(future: asyncio.Future[T], timeout: float, expired: Callable[[], Exception]) -> T:
@@ -134,6 +131,9 @@ class MultiplexedInbox(Generic[T]):
     def cancel_all(self) -> None:
         for future in list(self._pending.values()):
             future.cancel()
+        self._repeatable.clear()
+        if self._sweeper is not None:
+            self._sweeper.cancel()
 
     async def stop(self) -> None:
         """Cancel what is still awaited and unsubscribe (a later request subscribes again)."""
