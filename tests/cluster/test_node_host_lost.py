@@ -70,5 +70,5 @@ async def test_a_client_fails_over_when_its_nats_node_s_host_goes_silent(tmp_pat
     assert report.unanswered == 0
     assert failed_over_to is not None
     assert failed_over_to.netloc != connected.netloc
-    # Every key answered again well before the link came back (it took minutes, or the heal, before).
-    assert report.recovery_s["cut_host"][0] < 30.0, report.recovery_s
+    # Every key answered again well before the link came back (only the heal ended the wait before: 53.7 s).
+    assert report.recovery_s["cut_host"][0] < CUT_S - 5.0, report.recovery_s

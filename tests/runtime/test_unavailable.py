@@ -6,6 +6,7 @@ was dead-lettered as `commit_failed`: seen on a 3-node cluster whose node was ki
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 
@@ -13,7 +14,7 @@ import nats.js.errors
 import pytest
 
 from plexus.core import AgentId, BaseBlock, TextBlock
-from plexus.runtime import Agent, App, Context, NatsServer, Runtime
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime, Worker, WorkerConfig
 
 from .conftest import StartWorker
 
@@ -98,3 +99,37 @@ async def test_a_handler_that_meets_an_outage_through_its_context_runs_again_ins
         os.kill(nats_server.pid, signal.SIGCONT)
     assert _text(await pending) == "reported x"
     assert runs.count("x") >= 2  # it ran again after the outage: the first run's failure was not its answer
+
+
+async def test_a_worker_started_while_the_cluster_does_not_answer_waits_for_it_instead_of_dying(
+    runtime: Runtime, nats_server: NatsServer
+) -> None:
+    """The server is frozen across `Worker.start` for longer than a JetStream request's timeout (5 s): the
+    type registration, heartbeat and first lease creates time out. Before, `start` raised (a worker process
+    died at start on a loaded CI machine, leaving its partitions unserved); now it waits for the cluster, as
+    every other step of a worker does, and serves once it answers."""
+    app = App()
+
+    @app.agent("late")
+    class Late(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            return [TextBlock(text="served " + _text(blocks))]
+
+    await _long_leases(nats_server)
+    worker_rt = await Runtime.connect(nats_server.url, lease_ttl_s=60.0, heartbeat_ttl_s=3.0)
+    worker = Worker(app, worker_rt, WorkerConfig(lease_ttl_s=60.0, heartbeat_s=0.5))
+    assert nats_server.pid is not None
+    os.kill(nats_server.pid, signal.SIGSTOP)
+    try:
+        starting = asyncio.ensure_future(worker.start())
+        await asyncio.sleep(7)
+    finally:
+        os.kill(nats_server.pid, signal.SIGCONT)
+    try:
+        await asyncio.wait_for(starting, 60)
+        reply = await runtime.send_message([TextBlock(text="x")], AgentId("late", "k"), timeout=30)
+        assert _text(reply) == "served x"
+    finally:
+        with contextlib.suppress(Exception):
+            await worker.stop(drain_timeout=5)
+        await worker_rt.close()

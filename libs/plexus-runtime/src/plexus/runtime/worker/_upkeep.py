@@ -10,7 +10,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from plexus.core import AgentId
@@ -18,7 +18,8 @@ from plexus.runtime._agent import AgentType
 from plexus.runtime._app import App
 from plexus.runtime.client._client import Runtime
 from plexus.runtime.interceptors._control import _cancel_hard
-from plexus.runtime.store._registry import WorkerInfo
+from plexus.runtime.store._outage import is_unavailable
+from plexus.runtime.store._registry import AgentTypeInfo, WorkerInfo
 from plexus.runtime.wire._subjects import inbox_partition
 from plexus.runtime.worker._delta import STATE_DELTAS
 
@@ -63,6 +64,44 @@ class Upkeep:
                 features=[STATE_DELTAS],
             )
         )
+
+    async def _patiently(self, step: Callable[[], Awaitable[None]]) -> None:
+        """A step of `start`, again while the cluster does not answer (an election, a machine too loaded to
+        answer in time) as any outage is waited for, up to `unavailable_retry_s`; other errors raise. A
+        worker once died at start when a lease's create timed out, leaving its partitions unserved."""
+        deadline = time.monotonic() + self.config.unavailable_retry_s
+        delay = 0.2
+        while True:
+            try:
+                return await step()
+            except Exception as exc:
+                if not is_unavailable(exc) or time.monotonic() + delay > deadline:
+                    raise
+                log.warning(
+                    "worker start waits for the cluster (%s): %r", getattr(step, "__name__", step), exc
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
+
+    async def _register_types(self) -> None:
+        for agent_type in self.app.types.values():
+            await self.rt.registry.register_type(
+                AgentTypeInfo(
+                    namespace=agent_type.namespace,
+                    type=agent_type.name,
+                    description=agent_type.description,
+                    capabilities=list(agent_type.capabilities),
+                    durable=agent_type.durable,
+                    partitions=self.rt.partitions,
+                    metadata=dict(agent_type.metadata),
+                )
+            )
+
+    async def _first_round(self) -> None:
+        """The first heartbeat and rebalance (each idempotent: a retry re-does what is missing)."""
+        await self._heartbeat()
+        for owner in self._owners.values():
+            await owner.rebalance()
 
     async def _maintain(self) -> None:
         """Heartbeats, rebalancing and passivation, on one timer; leases are renewed on a timer of their own

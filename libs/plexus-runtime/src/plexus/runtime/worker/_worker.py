@@ -44,7 +44,6 @@ from plexus.runtime.store._checkpoints import CheckpointConflictError, Checkpoin
 from plexus.runtime.store._commit import Committer
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.store._outage import is_nats_outage, is_unavailable
-from plexus.runtime.store._registry import AgentTypeInfo
 from plexus.runtime.wire._envelope import (
     RESEND,
     Envelope,
@@ -175,18 +174,7 @@ class Worker(Upkeep):
                 f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._run_control.on_pause_notice
             )
         )
-        for agent_type in self.app.types.values():
-            await self.rt.registry.register_type(
-                AgentTypeInfo(
-                    namespace=agent_type.namespace,
-                    type=agent_type.name,
-                    description=agent_type.description,
-                    capabilities=list(agent_type.capabilities),
-                    durable=agent_type.durable,
-                    partitions=self.rt.partitions,
-                    metadata=dict(agent_type.metadata),
-                )
-            )
+        await self._patiently(self._register_types)
         leases = LeaseManager(self.rt.topology.leases, self.worker_id, self.config.lease_ttl_s)
         durable_types = sum(1 for t in self.app.types.values() if t.durable)
         # Every partition of every durable type may be ours: each must be able to hold a pull request open.
@@ -223,9 +211,7 @@ class Worker(Upkeep):
         # Announced only once the server has every subscription: a client that finds this worker in the
         # registry must not meet "no responders" (an AgentNotFoundError) on its first send.
         await self.rt.nc.flush()
-        await self._heartbeat()
-        for owner in self._owners.values():
-            await owner.rebalance()
+        await self._patiently(self._first_round)
         self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
         self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
