@@ -97,8 +97,10 @@ async def _ready(rt: Runtime) -> None:
             await asyncio.sleep(0.2)
 
 
-async def _send_numbers(rt: Runtime, key: str, stop_at: float, load: Load) -> None:
-    """Send 1, 2, 3... to ledger/key, each until answered (bounded), until `stop_at`."""
+async def _send_numbers(rt: Runtime, key: str, stop_at: float, load: Load, timeout: float = 30) -> None:
+    """Send 1, 2, 3... to ledger/key, each until answered (bounded), until `stop_at`. `timeout` is each
+    message's deadline: one that a fault outlasts is answered CancellationError("deadline") on every retry
+    of its id, so a fault longer than it needs a longer one."""
     answered = load.answered.setdefault(key, {})
     agent = AgentId("ledger", key)
     n = 0
@@ -110,7 +112,7 @@ async def _send_numbers(rt: Runtime, key: str, stop_at: float, load: Load) -> No
             load.sends += 1
             try:
                 await rt.send_message(
-                    [TextBlock(text=json.dumps({"n": n}))], agent, timeout=30, message_id=message_id
+                    [TextBlock(text=json.dumps({"n": n}))], agent, timeout=timeout, message_id=message_id
                 )
                 answered[n] = time.time()
                 break

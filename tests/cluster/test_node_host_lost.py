@@ -10,18 +10,16 @@ root; the invariants are those of `make chaos` (`tests/chaos/checker.py`).
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from pathlib import Path
 
 import pytest
 from deploy.local.netns import Network, netns_available
 
-from plexus.core import AgentId, MessageId, TextBlock
 from plexus.runtime import Runtime
 from tests.chaos.checker import check
 from tests.chaos.faults import Fault, Fleet
-from tests.chaos.harness import Load
+from tests.chaos.harness import Load, _send_numbers
 
 pytestmark = [
     pytest.mark.slow,
@@ -29,26 +27,6 @@ pytestmark = [
 ]
 
 CUT_S = 45.0
-
-
-async def _send(rt: Runtime, key: str, stop_at: float, load: Load) -> None:
-    """`_send_numbers` with a deadline longer than the cut: a message that waited out a 30 s deadline in
-    the outage would be answered with its stored CancellationError("deadline") on every retry of its id."""
-    answered = load.answered.setdefault(key, {})
-    n = 0
-    while time.monotonic() < stop_at:
-        n += 1
-        message_id = str(MessageId.new())
-        body = [TextBlock(text=json.dumps({"n": n}))]
-        while True:
-            load.sends += 1
-            try:
-                await rt.send_message(body, AgentId("ledger", key), timeout=120, message_id=message_id)
-                answered[n] = time.time()
-                break
-            except Exception as exc:  # typed or not, the message is retried with its id
-                load.error(exc)
-                await asyncio.sleep(0.2)
 
 
 @pytest.mark.timeout(300)
@@ -69,7 +47,11 @@ async def test_a_client_fails_over_when_its_nats_node_s_host_goes_silent(tmp_pat
                 if server.url.endswith(f"{connected.hostname}:{connected.port}")
             )
             stop_at = time.monotonic() + 20.0 + CUT_S
-            senders = [asyncio.create_task(_send(client, f"k{i}", stop_at, load)) for i in range(4)]
+            # Deadlines longer than the cut: a message that waited out a 30 s one would never be answered.
+            senders = [
+                asyncio.create_task(_send_numbers(client, f"k{i}", stop_at, load, timeout=120))
+                for i in range(4)
+            ]
             await asyncio.sleep(10.0)
             host = fleet.hosts[f"n{node}"]
             fault = Fault("cut_host", f"n{node}", time.time())
