@@ -1,10 +1,11 @@
-"""A reply is a core message: one published while its caller's connection was down is lost. The caller used
-to wait for its whole deadline (ReplyTimeoutError, then a retry with the same message id); seen in
-`make chaos` as 30 s recoveries after a NATS node that served clients was killed. Now a reconnected client
-probes for every durable send it still awaits and gets the stored reply at once.
+"""Connections that drop or go silent. A reply is a core message: one published while its caller's
+connection was down is lost. The caller used to wait for its whole deadline (ReplyTimeoutError, then a retry
+with the same message id); seen in `make chaos` as 30 s recoveries after a NATS node that served clients was
+killed. Now a reconnected client probes for every durable send it still awaits and gets the stored reply at
+once. And a server that goes silent (its host died: no TCP reset) is left for another within seconds.
 
-The connection is cut by a TCP proxy between the client and a real nats-server (the server, the worker and
-its connection stay up), so the lost reply is not a matter of timing."""
+Connections are cut, or silenced, by TCP proxies between one side and a real nats-server (the server, the
+other side and its connection stay up), so what is lost is not a matter of timing."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ from .conftest import StartWorker
 
 
 class CuttableProxy:
-    """A loopback TCP proxy to `upstream` whose connections can be cut and refused for a while."""
+    """A loopback TCP proxy to `upstream` whose connections can be cut and refused for a while, or go silent
+    (kept open, nothing forwarded: a host that died or dropped off the network sends no TCP reset)."""
 
     def __init__(self, upstream_host: str, upstream_port: int) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.port = 0
         self.open = True
+        self.silent = False
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
 
@@ -48,8 +51,9 @@ class CuttableProxy:
         async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
             with contextlib.suppress(Exception):
                 while data := await src.read(65536):
-                    dst.write(data)
-                    await dst.drain()
+                    if not self.silent:
+                        dst.write(data)
+                        await dst.drain()
             dst.close()
 
         await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
@@ -158,3 +162,49 @@ async def test_a_worker_publishes_its_last_second_of_replies_again_after_a_recon
         await sub.unsubscribe()
     assert again.data == first.data
     assert decode_reply(first.data).ok
+
+
+async def test_a_client_leaves_a_silent_server_for_another_within_seconds(
+    nats_server: NatsServer, start_worker: StartWorker
+) -> None:
+    """A server whose host died or dropped off the network sends no TCP reset: the connection goes quiet and
+    writes vanish. nats-py noticed only by its pings, every 120 s by default: a client sent into the void for
+    minutes. Plexus connections ping every 5 s and leave a silent server after 2-3 intervals. Here the client
+    reaches the one nats-server through two proxies; the one it is connected to goes silent."""
+    host, port = nats_server.url.rsplit("//", 1)[1].rsplit(":", 1)
+    proxies = [CuttableProxy(host, int(port)), CuttableProxy(host, int(port))]
+    for p in proxies:
+        await p.start()
+    app = App()
+
+    @app.agent("echo")
+    class Echo(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            return blocks
+
+    await start_worker(app)
+    scheme = nats_server.url.split("//", 1)[0]
+    client = await Runtime.connect(
+        [f"{scheme}//127.0.0.1:{p.port}" for p in proxies], auth=identity_auth(nats_server, "client")
+    )
+    try:
+        agent = AgentId("echo", "k")
+        assert await client.send_message([TextBlock(text="warm")], agent, timeout=10) == [
+            TextBlock(text="warm")
+        ]
+        connected = client.nc.connected_url
+        assert connected is not None
+        silent = next(p for p in proxies if p.port == connected.port)
+        silent.silent = True
+        started = time.monotonic()
+        reply = await client.send_message([TextBlock(text="after")], agent, timeout=60)
+        waited = time.monotonic() - started
+        now = client.nc.connected_url
+    finally:
+        await client.close()
+        for p in proxies:
+            await p.stop()
+    assert reply == [TextBlock(text="after")]
+    assert now is not None
+    assert now.port != connected.port
+    assert waited < 30, waited  # 2-3 pings of 5 s, then the other server

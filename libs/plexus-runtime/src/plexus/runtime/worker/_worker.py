@@ -211,9 +211,15 @@ class Worker(Upkeep):
         # Announced only once the server has every subscription: a client that finds this worker in the
         # registry must not meet "no responders" (an AgentNotFoundError) on its first send.
         await self.rt.nc.flush()
-        await self._patiently(self._first_round)
-        self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
+        # Leases are renewed from the first one taken: a first round that waits for the cluster must not let
+        # the partitions it already holds expire.
         self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
+        try:
+            await self._patiently(self._first_round)
+        except BaseException:
+            self._tasks[-1].cancel()
+            raise
+        self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
         self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
         # Last: a start that failed before here leaves the process's collector as it found it.
         self._gc_held = GcThresholds.acquire(self.config.gc_threshold)
