@@ -67,15 +67,17 @@ class Upkeep:
 
     async def _patiently(self, step: Callable[[], Awaitable[None]]) -> None:
         """A step of `start`, again while the cluster does not answer (an election, a machine too loaded to
-        answer in time) as any outage is waited for, up to `unavailable_retry_s`; other errors raise. A
-        worker once died at start when a lease's create timed out, leaving its partitions unserved."""
+        answer in time) as any outage is waited for, up to `unavailable_retry_s`; other errors, and a
+        connection closed for good, raise. A worker once died at start when a lease's create timed out,
+        leaving its partitions unserved."""
         deadline = time.monotonic() + self.config.unavailable_retry_s
         delay = 0.2
         while True:
             try:
                 return await step()
             except Exception as exc:
-                if not is_unavailable(exc) or time.monotonic() + delay > deadline:
+                # A connection closed for good (a fatal server error) is not an outage to wait out.
+                if not is_unavailable(exc) or self.rt.nc.is_closed or time.monotonic() + delay > deadline:
                     raise
                 log.warning(
                     "worker start waits for the cluster (%s): %r", getattr(step, "__name__", step), exc
