@@ -251,6 +251,9 @@ async def test_waiting_for_a_run_creates_no_consumer_and_sees_its_end(
     for record in await asyncio.gather(*waiters):
         assert record.status == RunStatus.FAILED
         assert record.reason == "Token budget exceeded: 11 > 10"
+    # The waiters saw the write on its way into the stream; once it is stored, a new waiter reads it at once
+    # (in CI under load a read right after the waiters once still found the previous record).
+    await wait_status(rt, run_id, "failed")
     async with asyncio.timeout(1):
         assert (await rt.wait_run(run_id, timeout=10)).status == RunStatus.FAILED
     with pytest.raises(ReplyTimeoutError):
