@@ -194,10 +194,11 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     orchestrator_process()
     worker_process(APP, *FAST)
     await ready(runtime, 1)
-    # 40 steps (≥ 4 s): the LOW child must still be working when the HIGH child starts. With 20, CI on a
+    # 80 steps (≥ 8 s): the LOW child must still be working when the HIGH child starts. With 20, CI on a
     # loaded R3 cluster once saw no LOW step while the HIGH child ran and none after it: the LOW child had
-    # finished before the HIGH child started, 1.7 s or more after it, and had nothing left to resume.
-    low = {"priority": int(Priority.LOW), "leaf": {"steps": 40, "tokens": 1, "sleep": 0.1}}
+    # finished before the HIGH child started, 1.7 s or more after it, and had nothing left to resume; with
+    # 40, twice on 2026-11-26, the HIGH child started 4.7 s after the LOW one (0.5 s when run alone).
+    low = {"priority": int(Priority.LOW), "leaf": {"steps": 80, "tokens": 1, "sleep": 0.1}}
     # The HIGH child works for ~1.5 s, so a LOW child that was not really paused would show steps in it.
     high = {"priority": int(Priority.HIGH), "delay": 0.5, "leaf": {"steps": 15, "sleep": 0.1}}
     run_id = await runtime.start_run(
@@ -213,7 +214,7 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     # The HIGH child got the LOW child's slot instead of a denial, and the LOW child finished after resuming.
     assert [r.split(":")[0] for r in results] == ["ok", "ok"], results
     low_steps = [e for e in events if e.agent_id.endswith("-s0") and e.step == "thinking"]
-    assert len(low_steps) == 40
+    assert len(low_steps) == 80
     low_run = str(low_steps[0].run_id)
     high_done = max(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "thinking")
     high_start = min(e.ts for e in events if e.agent_id.endswith("-s1") and e.step == "started")
