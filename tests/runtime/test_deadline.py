@@ -11,6 +11,7 @@ import pytest
 
 from plexus.core import AgentId, CancellationError, TextBlock
 from plexus.runtime import Agent, AgentType, Context, DeadlineInterceptor, Envelope, HandleInput
+from plexus.runtime.ops._ticks import wheel_of
 
 OK, STOPPED, SWALLOWED = TextBlock(text="ok"), TextBlock(text="stopped"), TextBlock(text="swallowed")
 
@@ -193,8 +194,7 @@ async def test_handlers_that_finish_in_time_are_never_cancelled_and_leave_nothin
 
     results = await asyncio.gather(*(interceptor.handle(i, nxt) for i in inputs))
     assert results == [[OK]] * 200
-    wheel = interceptor._wheel
-    assert wheel is not None
+    wheel = wheel_of(asyncio.get_running_loop())
     assert all(not armed for armed in wheel._ticks.values())  # every expiry was disarmed
     assert len(wheel._ticks) <= 2  # one deadline: one tick (two if it sits on a tick's edge), one timer each
     await asyncio.sleep(max(0.0, deadline - time.time()) + 0.1)  # past it: the tick fired, nobody in it

@@ -1,20 +1,18 @@
 """Deadlines: the earliest of a message's deadline, its run's deadline and its type's time limit.
 
-Every send carries a deadline, so arming one is on the hot path of every message. A loop timer per
-message cost ≈ 2 µs to make and left a cancelled handle in the loop's heap until the loop swept it (a
-worker at 14k messages/s with 30 s deadlines carried hundreds of thousands). Expiries are grouped instead
-by the 10 ms tick they fall in (`_Wheel`): one loop timer per tick that has any, and disarming is a set
-removal. A deadline therefore fires up to one tick late, never early.
+Every send carries a deadline, so arming one is on the hot path of every message: expiries go on the
+loop's `TickWheel` (one timer per 10 ms tick, not one per message), so a deadline fires up to one tick
+late, never early.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from typing import TYPE_CHECKING
 
 from plexus.core import BaseBlock, CancellationError
+from plexus.runtime.ops._ticks import TickWheel, wheel_of
 
 from ._interceptors import HandleInput, HandleNext, Interceptor
 
@@ -25,8 +23,6 @@ __all__ = ["DeadlineInterceptor"]
 
 #: How long a handler may run on after its cancellation token fired before its task is cancelled.
 _GRACE_S = 0.05
-#: The wheel's resolution: a deadline fires at most this late.
-_TICK_S = 0.01
 
 
 class DeadlineInterceptor(Interceptor):
@@ -35,9 +31,6 @@ class DeadlineInterceptor(Interceptor):
     The handler's cancellation token fires first (cooperative); if the handler ignores it, the handler task
     is cancelled after a short grace and the caller gets `CancellationError("deadline")`.
     """
-
-    def __init__(self) -> None:
-        self._wheel: _Wheel | None = None
 
     async def handle(self, inp: HandleInput, call_next: HandleNext) -> list[BaseBlock] | None:
         remaining = inp.agent_type.time_limit_s
@@ -52,11 +45,7 @@ class DeadlineInterceptor(Interceptor):
             return await call_next(inp)
         if remaining <= 0:
             raise CancellationError("deadline")
-        loop = asyncio.get_running_loop()
-        wheel = self._wheel
-        if wheel is None or wheel.loop is not loop:
-            wheel = self._wheel = _Wheel(loop)
-        expiry = _Expiry(inp.ctx, wheel, remaining)
+        expiry = _Expiry(inp.ctx, wheel_of(asyncio.get_running_loop()), remaining)
         try:
             return await call_next(inp)
         except asyncio.CancelledError:
@@ -65,35 +54,6 @@ class DeadlineInterceptor(Interceptor):
             raise
         finally:
             expiry.close()
-
-
-class _Wheel:
-    """Armed expiries by the tick their deadline falls in; one loop timer per tick that has any."""
-
-    __slots__ = ("_ticks", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        # A tick's set stays (possibly empty) until its timer fires, so a tick never gets a second timer.
-        self._ticks: dict[int, set[_Expiry]] = {}
-
-    def arm(self, expiry: _Expiry, delay: float) -> int:
-        tick = math.ceil((self.loop.time() + delay) / _TICK_S)
-        armed = self._ticks.get(tick)
-        if armed is None:
-            armed = self._ticks[tick] = set()
-            self.loop.call_at(tick * _TICK_S, self._fire, tick)
-        armed.add(expiry)
-        return tick
-
-    def disarm(self, expiry: _Expiry, tick: int) -> None:
-        armed = self._ticks.get(tick)
-        if armed is not None:
-            armed.discard(expiry)
-
-    def _fire(self, tick: int) -> None:
-        for expiry in self._ticks.pop(tick, ()):
-            expiry.expire()
 
 
 class _Expiry:
@@ -105,7 +65,7 @@ class _Expiry:
 
     __slots__ = ("_cancelled", "_cancelling", "_ctx", "_task", "_tick", "_timer", "_wheel")
 
-    def __init__(self, ctx: Context, wheel: _Wheel, delay: float) -> None:
+    def __init__(self, ctx: Context, wheel: TickWheel, delay: float) -> None:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("a deadline needs a running task")

@@ -188,6 +188,7 @@ def _bind(
 _tracer = trace.get_tracer("plexus.runtime")
 #: Providers whose spans are all no-ops: the API's defaults (no SDK installed).
 _NOOP_PROVIDERS = (trace.ProxyTracerProvider, trace.NoOpTracerProvider)
+_UNKNOWN = object()
 
 
 class _TracingState:
@@ -204,7 +205,14 @@ class _TracingState:
         self._fields: tuple[str, ...] = ()
 
     def recording(self) -> bool:
-        provider = trace.get_tracer_provider()
+        # `get_tracer_provider()` looks in os.environ on every call while none is set (≈ 1 µs, on every
+        # message): the global it fills is read directly once a first call has settled the environment's
+        # say. An opentelemetry without that global gets the public call every time.
+        provider = getattr(trace, "_TRACER_PROVIDER", _UNKNOWN)
+        if provider is None and self._provider is not None and not self._recording:
+            return False  # still none set
+        if provider is None or provider is _UNKNOWN:
+            provider = trace.get_tracer_provider()
         if provider is not self._provider:
             self._recording = not isinstance(provider, _NOOP_PROVIDERS)
             self._provider = provider

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from plexus.core import BaseBlock
+from plexus.core import BaseBlock, BudgetExhaustedError
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 
 from ._interceptors import HandleInput, HandleNext, Interceptor, UsageInput, UsageNext
@@ -36,6 +36,17 @@ class MetricsInterceptor(Interceptor):
             INSTRUMENTS.messages.add(1, {**attributes, "outcome": outcome})
 
     async def usage(self, inp: UsageInput, call_next: UsageNext) -> None:
-        await call_next(inp)
+        # The worker's `WorkerBackend` runs this innermost in `ctx.usage`'s chain while metrics are enabled
+        # (the handle chain's instance is never called for usage): it counts what the run tree was charged,
+        # including the call that exhausted the budget (its tokens were added before the refusal).
+        try:
+            await call_next(inp)
+        except BudgetExhaustedError:
+            self._count(inp)
+            raise
+        self._count(inp)
+
+    @staticmethod
+    def _count(inp: UsageInput) -> None:
         if metrics_enabled() and inp.usage.total_tokens:
             INSTRUMENTS.budget_tokens.add(inp.usage.total_tokens, {"agent_type": inp.ctx.agent_id.type})

@@ -265,4 +265,10 @@ class ArtifactStore:
 
 def _may_hold_media(blocks: Sequence[BaseBlock]) -> bool:
     """Whether any of `blocks` is a media block or may nest one (a tool result): only those are offloaded."""
-    return any(isinstance(block, (MediaBlock, ToolResultBlock)) for block in blocks)
+    for block in blocks:  # noqa: SIM110 - a loop, not any(<generator>): runs on every message
+        if isinstance(block, _MAY_HOLD_MEDIA):
+            return True
+    return False
+
+
+_MAY_HOLD_MEDIA = (MediaBlock, ToolResultBlock)

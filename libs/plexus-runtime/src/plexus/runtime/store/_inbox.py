@@ -3,8 +3,8 @@
 nats-py's ``request`` (and ``js.publish``, which is one) reads a random token from the OS, draws a second id
 and wraps the wait in `asyncio.wait_for` — about a tenth of a busy process's CPU. Here a request names
 ``<prefix>.<token>`` as its reply subject, the answer resolves the future registered under that token, and a
-deadline is one loop timer. The server's "no responders" status comes to the same subject. Subclasses say
-what an answer means (`_resolve`) and what "no responders" raises.
+deadline is an entry on the loop's `TickWheel` (no timer of its own). The server's "no responders" status
+comes to the same subject. Subclasses say what an answer means (`_resolve`) and what "no responders" raises.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from typing import Generic, TypeVar
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
+
+from plexus.runtime.ops._ticks import wheel_of
 
 __all__ = ["REPEAT_S", "MultiplexedInbox"]
 
@@ -121,12 +123,17 @@ class MultiplexedInbox(Generic[T]):
 
     @staticmethod
     async def answer(future: asyncio.Future[T], timeout: float, expired: Callable[[], Exception]) -> T:
-        """The answer, or `expired()` raised after `timeout` seconds (the future is then done)."""
-        timer = asyncio.get_running_loop().call_later(timeout, _expire, future, expired)
+        """The answer, or `expired()` raised after `timeout` seconds (up to one 10 ms tick later: the
+        timeout is on the loop's `TickWheel`, not a timer of its own; the future is then done)."""
+        if future.done():
+            return future.result()
+        expiry = _Expiry(future, expired)
+        wheel = wheel_of(asyncio.get_running_loop())
+        tick = wheel.arm(expiry, timeout)
         try:
             return await future
         finally:
-            timer.cancel()
+            wheel.disarm(expiry, tick)
 
     def cancel_all(self) -> None:
         for future in list(self._pending.values()):
@@ -156,6 +163,15 @@ class MultiplexedInbox(Generic[T]):
         raise NotImplementedError
 
 
-def _expire(future: asyncio.Future[T], expired: Callable[[], Exception]) -> None:
-    if not future.done():
-        future.set_exception(expired())
+class _Expiry(Generic[T]):
+    """An awaited answer's timeout, on the wheel."""
+
+    __slots__ = ("expired", "future")
+
+    def __init__(self, future: asyncio.Future[T], expired: Callable[[], Exception]) -> None:
+        self.future = future
+        self.expired = expired
+
+    def expire(self) -> None:
+        if not self.future.done():
+            self.future.set_exception(self.expired())

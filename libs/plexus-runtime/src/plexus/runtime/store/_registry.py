@@ -12,6 +12,7 @@ to answer hot-path lookups from memory.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import logging
 import os
@@ -179,6 +180,7 @@ _worker_decoder = msgspec.json.Decoder(WorkerInfo)
 _encoder = msgspec.json.Encoder()
 
 
+@functools.lru_cache(maxsize=4096)  # read before every send: a process talks to few types
 def _type_key(namespace: str, agent_type: str) -> str:
     return f"{escape_token(namespace)}.{escape_token(agent_type)}"
 

@@ -1,7 +1,8 @@
 """The worker's implementation of `ContextBackend`: what `ctx.send`, `ctx.emit_progress`, … actually do.
 
 Each `Context` call with an interception point (send, publish, usage, spawn, emit_progress) runs through the
-chain of the app's interceptors that override it; with none, the call goes straight to its terminal.
+chain of the app's interceptors that override it; with none, the call goes straight to its terminal. `usage`
+also runs the built-in `MetricsInterceptor`, innermost, while metrics are enabled.
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ from plexus.runtime.interceptors._interceptors import (
     UsageInput,
     chain,
 )
+from plexus.runtime.interceptors._metrics import MetricsInterceptor
+from plexus.runtime.ops._telemetry import metrics_enabled
 from plexus.runtime.store._artifacts import check_payload_size
 from plexus.runtime.store._commit import CheckpointTaken
 from plexus.runtime.store._eventlog import EventLog
@@ -80,6 +83,9 @@ class WorkerBackend:
         self._send = chain(icpt, "send", rt._send_chain)
         self._publish = chain(icpt, "publish", rt._publish_chain)
         self._usage = chain(icpt, "usage", self._usage_terminal)
+        # While an exporter is installed, `usage` also runs the built-in metrics (`plexus.budget.tokens`),
+        # innermost: it counts the usage that reaches the run tree, once per call.
+        self._usage_metered = chain([*icpt, MetricsInterceptor()], "usage", self._usage_terminal)
         self._spawn = chain(icpt, "spawn", self._spawn_terminal)
         self._progress = chain(icpt, "emit_progress", self._progress_terminal)
 
@@ -182,7 +188,8 @@ class WorkerBackend:
         await self.rt.nc.publish(subject, delta_event_json(text, reasoning=reasoning))
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
-        await self._usage(UsageInput(ctx=ctx, usage=usage, turns=turns))
+        call = self._usage_metered if metrics_enabled() else self._usage
+        await call(UsageInput(ctx=ctx, usage=usage, turns=turns))
 
     async def _usage_terminal(self, inp: UsageInput) -> None:
         await self.supervisor.consume(self._run(inp.ctx), inp.ctx.agent_id, inp.usage, inp.turns)

@@ -41,7 +41,8 @@ class Mailboxes(Generic[K, M]):
         if queue is None:
             queue = self._queues[key] = deque()
             self._idle.clear()
-            self._tasks[key] = asyncio.create_task(self._drain(key, queue), name=f"mailbox:{key}")
+            # One name for all: formatting the key's would cost a str(AgentId) per message of an idle key.
+            self._tasks[key] = asyncio.create_task(self._drain(key, queue), name="mailbox")
         queue.append(message)
 
     async def _drain(self, key: K, queue: deque[M]) -> None:

@@ -30,14 +30,8 @@ from plexus.runtime._app import App
 from plexus.runtime._context import Context
 from plexus.runtime.client._client import Runtime
 from plexus.runtime.client._cluster import ClusterSupervisor, OrchestratorClient, RunControl
-from plexus.runtime.interceptors._control import RetriesExhausted, RetryInterceptor, RunControlInterceptor
-from plexus.runtime.interceptors._deadline import DeadlineInterceptor
-from plexus.runtime.interceptors._interceptors import (
-    HandleInput,
-    TracingInterceptor,
-    chain,
-)
-from plexus.runtime.interceptors._metrics import MetricsInterceptor
+from plexus.runtime.interceptors._control import RetriesExhausted
+from plexus.runtime.interceptors._interceptors import HandleInput
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._checkpoints import CheckpointConflictError, CheckpointStore
@@ -56,6 +50,7 @@ from plexus.runtime.wire._subjects import checkpoint_key, escape_token
 
 from ._activation import Activation, ActivationTable
 from ._backend import WorkerBackend
+from ._chains import HandleChains
 from ._gc import GcThresholds
 from ._intake import Intake
 from ._partitions import PartitionOwner
@@ -137,18 +132,10 @@ class Worker(Upkeep):
             self._activations,
             ClusterSupervisor(runtime.connection, self.control, self.orchestrator),
         )
-        self._run_control = RunControlInterceptor(self.control)
-        # Outermost first: the trace spans everything; run control races the whole retry loop against
-        # the tree's cancellation; retries wrap each attempt, which the deadline bounds.
-        interceptors = [
-            TracingInterceptor(),
-            MetricsInterceptor(),
-            self._run_control,
-            RetryInterceptor(self.orchestrator, self._backend.reload),
-            DeadlineInterceptor(),
-            *app.interceptors,
-        ]
-        self._handle_chain = chain(interceptors, "handle", self._invoke)
+        self._chains = HandleChains(
+            self.control, self.orchestrator, self._backend.reload, app.interceptors, self._invoke
+        )
+        self._run_control = self._chains.run_control
         self._stopping = False
         self._closed = False
         self._gc_held = False
@@ -480,7 +467,7 @@ class Worker(Upkeep):
         env = work.env
         try:
             blocks = await self.rt.artifacts.resolve(work.blocks)
-            handle = self._handle_chain(
+            handle = self._chains.for_envelope(env)(
                 HandleInput(
                     agent=activation.agent,
                     agent_type=work.agent_type,
