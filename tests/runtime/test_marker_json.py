@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from plexus.core import MessageId, entry_from_json, entry_to_json
-from plexus.runtime.store._commit import MessageCommitted, marker_json
+from plexus.runtime.worker._commit import MessageCommitted, marker_json
 from tests.core.strategies import texts
 
 

@@ -15,7 +15,6 @@ from ._app import App
 from ._context import Context
 from .client._client import Runtime
 from .client._cluster import ServiceUnavailableError
-from .client._connection import Connection
 from .client._supervisor import LocalSupervisor, Supervisor, new_root_run
 from .interceptors._deadline import DeadlineInterceptor
 from .interceptors._interceptors import (
@@ -39,7 +38,7 @@ from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help
 from .ops._telemetry import INSTRUMENTS, Telemetry, configure_telemetry, metrics_enabled, trace_headers
 from .store._artifacts import ArtifactNotFoundError, ArtifactStore, PayloadTooLargeError
 from .store._checkpoints import Checkpoint, CheckpointConflictError, CheckpointStore
-from .store._commit import MessageCommitted
+from .store._connection import Connection
 from .store._eventlog import EventLog, LogRecord
 from .store._gets import StreamGets
 from .store._mirror import kv_keys
@@ -58,6 +57,7 @@ from .wire._envelope import (
     make_headers,
 )
 from .wire._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
+from .worker._commit import MessageCommitted
 from .worker._worker import Worker, WorkerConfig
 
 __all__ = [

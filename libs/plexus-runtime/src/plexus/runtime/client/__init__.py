@@ -1,2 +1,2 @@
-"""Talking to the cluster: the Runtime and its run-tree calls, the connection value, the orchestrator
+"""Talking to the cluster: the Runtime and its run-tree calls, sends and their replies, the orchestrator
 client and the supervisors."""

@@ -42,6 +42,7 @@ from plexus.runtime.ops._liveness import PING_INTERVAL_S, liveness_options
 from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore, check_payload_size, headers_size
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.store._gets import StreamGets
 from plexus.runtime.store._registry import AgentTypeInfo, Registry, RegistryCache, WorkerInfo
@@ -63,7 +64,6 @@ from plexus.runtime.wire._subjects import Subjects, checkpoint_key, escape_token
 
 from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
-from ._connection import Connection
 from ._delivery import Delivery
 from ._supervisor import new_root_run
 

@@ -28,6 +28,7 @@ from plexus.core import (
     stream_event_from_json,
 )
 from plexus.runtime.store._artifacts import ArtifactStore
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.store._topology import Topology
 from plexus.runtime.wire._envelope import blocks_from_payload, payload_from_blocks
@@ -45,7 +46,6 @@ from plexus.runtime.wire._orchestration import (
 from plexus.runtime.wire._subjects import Subjects, escape_token
 
 from ._cluster import OrchestratorClient
-from ._connection import Connection
 
 __all__ = ["RunsClient"]
 

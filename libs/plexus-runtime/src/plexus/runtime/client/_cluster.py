@@ -42,7 +42,7 @@ from plexus.runtime.wire._subjects import escape_token
 from ._supervisor import LocalSupervisor
 
 if TYPE_CHECKING:
-    from ._connection import Connection
+    from plexus.runtime.store._connection import Connection
 
 __all__ = ["ClusterSupervisor", "OrchestratorClient", "RunControl", "ServiceUnavailableError"]
 

@@ -18,6 +18,7 @@ from nats.js import api as js_api
 
 from plexus.core import AgentId, AgentNotFoundError, ReplyTimeoutError
 from plexus.runtime.store._artifacts import check_payload_size, headers_size
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
@@ -30,7 +31,6 @@ from plexus.runtime.wire._envelope import (
     encode_envelope,
 )
 
-from ._connection import Connection
 from ._replies import NoRespondersError, ReplyInbox
 
 __all__ = ["Delivery"]

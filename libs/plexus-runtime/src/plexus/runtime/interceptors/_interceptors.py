@@ -23,7 +23,7 @@ from plexus.core import AgentId, AgentStep, BaseBlock, TopicId, Usage
 if TYPE_CHECKING:
     from plexus.runtime._agent import Agent, AgentType
     from plexus.runtime._context import Context
-    from plexus.runtime.client._connection import Connection
+    from plexus.runtime.store._connection import Connection
     from plexus.runtime.wire._envelope import Envelope
 
 __all__ = [

@@ -1,2 +1,2 @@
 """Where state lives in JetStream: topology, EventLogs, checkpoints, leases, registry, subscriptions,
-artifacts, commits, and which failures are outages."""
+artifacts, the `Connection` value that hands them out together, and which failures are outages."""

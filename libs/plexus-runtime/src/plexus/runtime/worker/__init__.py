@@ -1,2 +1,2 @@
-"""Serving agent types: the worker, activations, mailboxes, partitions, intake, upkeep, run-end reports,
-dead letters and the context backend."""
+"""Serving agent types: the worker, activations, commits, mailboxes, partitions, intake, upkeep, run control
+and retries, run-end reports, dead letters and the context backend."""

@@ -42,9 +42,10 @@ from plexus.runtime.interceptors._interceptors import (
 from plexus.runtime.interceptors._metrics import MetricsInterceptor
 from plexus.runtime.ops._telemetry import metrics_enabled
 from plexus.runtime.store._artifacts import check_payload_size
-from plexus.runtime.store._commit import CheckpointTaken
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.wire._orchestration import FinishedReport
+
+from ._commit import CheckpointTaken
 
 if TYPE_CHECKING:
     from plexus.runtime._app import App

@@ -16,7 +16,7 @@ import contextlib
 import time
 from collections import deque
 
-from plexus.runtime.client._connection import Connection
+from plexus.runtime.store._connection import Connection
 
 __all__ = ["RecentReplies"]
 

@@ -17,15 +17,15 @@ from plexus.core import AgentId
 from plexus.runtime._agent import AgentType
 from plexus.runtime._app import App
 from plexus.runtime.client._client import Runtime
-from plexus.runtime.interceptors._control import _cancel_hard
 from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.store._registry import AgentTypeInfo, WorkerInfo
 from plexus.runtime.wire._subjects import inbox_partition
-from plexus.runtime.worker._delta import STATE_DELTAS
 
 from ._activation import ActivationTable
+from ._delta import STATE_DELTAS
 from ._mailbox import Mailboxes
 from ._partitions import PartitionOwner
+from ._run_control import _cancel_hard
 from ._topics import TopicReceiver
 from ._work import WorkerConfig, _Work
 

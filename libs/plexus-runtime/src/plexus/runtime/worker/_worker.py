@@ -30,12 +30,10 @@ from plexus.runtime._app import App
 from plexus.runtime._context import Context
 from plexus.runtime.client._client import Runtime
 from plexus.runtime.client._cluster import ClusterSupervisor, OrchestratorClient, RunControl
-from plexus.runtime.interceptors._control import RetriesExhausted
 from plexus.runtime.interceptors._interceptors import HandleInput
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._checkpoints import CheckpointConflictError, CheckpointStore
-from plexus.runtime.store._commit import Committer
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.store._outage import is_nats_outage, is_unavailable
 from plexus.runtime.wire._envelope import (
@@ -51,9 +49,11 @@ from plexus.runtime.wire._subjects import checkpoint_key, escape_token
 from ._activation import Activation, ActivationTable
 from ._backend import WorkerBackend
 from ._chains import HandleChains
+from ._commit import Committer
 from ._gc import GcThresholds
 from ._intake import Intake
 from ._partitions import PartitionOwner
+from ._run_control import RetriesExhausted
 from ._runend import RunEndReporter
 from ._topics import TopicReceiver
 from ._upkeep import Upkeep

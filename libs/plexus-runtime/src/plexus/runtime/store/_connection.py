@@ -2,7 +2,8 @@
 
 Interceptors receive it in `Interceptor.start`; it names what they may use (the NATS connection, JetStream,
 the topology's streams and buckets, subjects, the registry and its in-memory view, the artifact store)
-without reaching into the client object that also runs RPCs, subscriptions and reply routing.
+without reaching into the client object that also runs RPCs, subscriptions and reply routing. It lives in
+`store/` (its fields are the store's handles), below the interceptors, the client and the worker that take it.
 """
 
 from __future__ import annotations

@@ -31,7 +31,8 @@ from plexus.core import (
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._registry import type_ref
 from plexus.runtime.wire._envelope import Reply
-from plexus.runtime.worker._activation import (
+
+from ._activation import (
     NO_IDS,
     REPLY_MAX_BYTES,
     Activation,
@@ -39,8 +40,8 @@ from plexus.runtime.worker._activation import (
     LoggedCommit,
     LoggedSince,
 )
-from plexus.runtime.worker._delta import STATE_DELTAS
-from plexus.runtime.worker._work import _reply_text, _Work
+from ._delta import STATE_DELTAS
+from ._work import _reply_text, _Work
 
 if TYPE_CHECKING:
     from plexus.runtime._context import Context

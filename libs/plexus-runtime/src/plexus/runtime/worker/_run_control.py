@@ -2,7 +2,8 @@
 budget failures broadcast for the whole tree, and terminal runs for agents that start later) and retries
 (crashed attempts detected with a per-message attempt counter; handler exceptions retried by policy).
 
-Both only act on envelopes whose `RunInfo.orchestrated` is set; other messages pass straight through.
+Both only act on envelopes whose `RunInfo.orchestrated` is set; other messages pass straight through. They
+live with the worker, not in `interceptors/`, because they talk to the orchestrator (`client/_cluster.py`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nats.aio.msg import Msg
 from plexus.core import AgentCrashError, BaseBlock, CancellationError, KernelError, RetryPolicy
 from plexus.runtime._context import Context
 from plexus.runtime.client._cluster import OrchestratorClient, RunControl
+from plexus.runtime.interceptors._interceptors import HandleInput, HandleNext, Interceptor
 from plexus.runtime.wire._orchestration import (
     CancelNotice,
     CrashReport,
@@ -27,8 +29,6 @@ from plexus.runtime.wire._orchestration import (
     attempt_counter_subject,
 )
 from plexus.runtime.wire._subjects import escape_token
-
-from ._interceptors import HandleInput, HandleNext, Interceptor
 
 __all__ = ["RetriesExhausted", "RetryInterceptor", "RunControlInterceptor"]
 
