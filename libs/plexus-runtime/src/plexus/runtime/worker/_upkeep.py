@@ -147,6 +147,10 @@ class Upkeep:
         while not self._closed and not (me is not None and me.cancelling()):
             await asyncio.sleep(interval)
             for work in list(self._unacked):
+                # Settled since the round began: skipped. A +WPI after a delayed nak would make JetStream
+                # wait a whole ack_wait again (the check and the publish's write run without a pause).
+                if work not in self._unacked:
+                    continue
                 with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
                     await work.msg.in_progress()
 

@@ -81,9 +81,13 @@ class Outcome(enum.Enum):
     #: Handled (its effects committed, its reply sent): acknowledged.
     ACK = "ack"
     #: Not acknowledged: JetStream redelivers it to the partition's owner after ack_wait (a lost lease, a
-    #: fenced zombie commit, a stop while it ran, an unreachable orchestrator for its run-end report).
+    #: fenced zombie commit, a stop while it ran, an outage that outlasted `unavailable_retry_s`).
     LEAVE = "leave"
-    #: Copied to the dead-letter stream with a reason, answered with a typed error, acknowledged.
+    #: Handled, but not done with: negatively acknowledged with a delay, so JetStream redelivers it after
+    #: `Settlement.delay_s` rather than ack_wait (a run-end report the orchestrator did not take).
+    RETRY_AFTER = "retry_after"
+    #: Copied to the dead-letter stream with a reason, answered with its typed error (when it has one: a
+    #: message answered already has none), acknowledged.
     DEAD_LETTER = "dead_letter"
 
 
@@ -93,13 +97,20 @@ class Settlement:
     reason: str = ""
     detail: str = ""
     error: KernelError | None = None
+    #: RETRY_AFTER only: seconds until JetStream redelivers the message.
+    delay_s: float = 0.0
 
 
 ACK = Settlement(Outcome.ACK)
 LEAVE = Settlement(Outcome.LEAVE)
 
 
-def dead_letter_with(reason: str, detail: str, error: KernelError) -> Settlement:
+def retry_after(delay_s: float) -> Settlement:
+    return Settlement(Outcome.RETRY_AFTER, delay_s=delay_s)
+
+
+def dead_letter_with(reason: str, detail: str, error: KernelError | None) -> Settlement:
+    """Dead-letter with `reason`; `error` is the caller's answer (None: it has been answered already)."""
     return Settlement(Outcome.DEAD_LETTER, reason, detail, error)
 
 

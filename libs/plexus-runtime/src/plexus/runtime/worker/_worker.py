@@ -2,7 +2,9 @@
 
 The worker loop only decodes, routes to per-key mailboxes, runs the interceptor chain and commits
 (EventLog → checkpoint → reply → ack). Everything else — time limits, tracing, budgets, retries — is an
-interceptor; partition ownership lives in `_partitions.py`; activations in `_activation.py`.
+interceptor; what happens around one message's handling (its lease, fenced commits, retries in place) is a
+step (`_steps.py`) that ends it with a `Settlement`, which `_settle` alone carries out; partition ownership
+lives in `_partitions.py`; activations in `_activation.py`.
 """
 
 from __future__ import annotations
@@ -19,13 +21,7 @@ from typing import Any
 import msgspec
 from nats.aio.msg import Msg
 
-from plexus.core import (
-    AgentId,
-    BaseBlock,
-    ConcurrentAppendError,
-    HandlerError,
-    KernelError,
-)
+from plexus.core import AgentId, BaseBlock, HandlerError, KernelError
 from plexus.runtime._app import App
 from plexus.runtime._context import Context
 from plexus.runtime.client._client import Runtime
@@ -33,9 +29,9 @@ from plexus.runtime.client._cluster import ClusterSupervisor, OrchestratorClient
 from plexus.runtime.interceptors._interceptors import HandleInput
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._artifacts import PayloadTooLargeError
-from plexus.runtime.store._checkpoints import CheckpointConflictError, CheckpointStore
+from plexus.runtime.store._checkpoints import CheckpointStore
 from plexus.runtime.store._leases import LeaseManager
-from plexus.runtime.store._outage import is_nats_outage, is_unavailable
+from plexus.runtime.store._outage import is_nats_outage
 from plexus.runtime.wire._envelope import (
     RESEND,
     Envelope,
@@ -50,11 +46,14 @@ from ._activation import Activation, ActivationTable
 from ._backend import WorkerBackend
 from ._chains import HandleChains
 from ._commit import Committer
+from ._commit_retry import CommitRetry
+from ._fencing import Fencing
 from ._gc import GcThresholds
 from ._intake import Intake
 from ._partitions import PartitionOwner
 from ._run_control import RetriesExhausted
 from ._runend import RunEndReporter
+from ._steps import LeaseLost, compose
 from ._topics import TopicReceiver
 from ._upkeep import Upkeep
 from ._work import (
@@ -66,7 +65,6 @@ from ._work import (
     _is_run_entry,
     _JsDelivery,
     _Work,
-    dead_letter_with,
     run_stoppable,
     with_lease_ttl,
 )
@@ -75,14 +73,6 @@ __all__ = ["Worker", "WorkerConfig"]
 
 
 log = logging.getLogger("plexus.worker")
-
-
-#: How often a message is run again in place when its commit is fenced while this worker holds the lease.
-_FENCED_RETRIES = 3
-
-
-class _LeaseLost(Exception):
-    """The partition's lease was lost while the message ran: its new owner handles it, we commit nothing."""
 
 
 class Worker(Upkeep):
@@ -122,9 +112,7 @@ class Worker(Upkeep):
         self._control_subs: list[Any] = []
         self.control = RunControl(runtime.connection)
         self.orchestrator = OrchestratorClient(runtime.connection)
-        self._run_end = RunEndReporter(
-            self.orchestrator, app.namespace, lambda w, why, detail: self._dlq_copy(w.msg, why, detail, w.env)
-        )
+        self._run_end = RunEndReporter(self.orchestrator, app.namespace)
         self._backend = WorkerBackend(
             runtime,
             app,
@@ -136,6 +124,15 @@ class Worker(Upkeep):
             self.control, self.orchestrator, self._backend.reload, app.interceptors, self._invoke
         )
         self._run_control = self._chains.run_control
+        # Around each message's handling, outermost first: its lease and fenced commits, then retries.
+        drop = self._activations.drop
+        self._steps = compose(
+            [
+                Fencing(self._may_start, self._holds_partition, drop),
+                CommitRetry(self.config.unavailable_retry_s, self._may_start, lambda: self._stopping, drop),
+            ],
+            self._handle,
+        )
         self._stopping = False
         self._closed = False
         self._gc_held = False
@@ -267,9 +264,6 @@ class Worker(Upkeep):
         if work is not None:
             self._mailboxes.put(work.agent_id, work)
 
-    async def _dead_letter(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> None:
-        await self._intake.dead_letter(msg, reason, detail, env)
-
     async def _dlq_copy(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> bool:
         return await self._intake.dlq_copy(msg, reason, detail, env)
 
@@ -277,7 +271,7 @@ class Worker(Upkeep):
     async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
         settlement = LEAVE
         try:
-            settlement = await self._attempt(agent_id, work)
+            settlement = await self._steps(work)
         finally:
             try:
                 await self._settle(work, settlement)
@@ -288,51 +282,23 @@ class Worker(Upkeep):
                     work.done()
 
     async def _settle(self, work: _Work, settlement: Settlement) -> None:
-        """Carry out how the message ended: the only place a handled message is acked or dead-lettered."""
-        if settlement.outcome is Outcome.ACK:
+        """Carry out how the message ended: the only place a handled message is acked, naked or
+        dead-lettered."""
+        outcome = settlement.outcome
+        if outcome is Outcome.ACK:
             await self._ack(work)
-        elif settlement.outcome is Outcome.DEAD_LETTER:
-            assert settlement.error is not None
-            if await self._dlq_copy(work.msg, settlement.reason, settlement.detail, work.env):
+        elif outcome is Outcome.RETRY_AFTER:
+            if work.durable:  # (core NATS work is not redelivered: nothing to do)
+                self._unacked.discard(work)  # first: no keep-alive may follow the nak (see `_keep_alive`)
+                await work.msg.nak(delay=settlement.delay_s)
+        elif outcome is Outcome.DEAD_LETTER:
+            if not await self._dlq_copy(work.msg, settlement.reason, settlement.detail, work.env):
+                return  # not acked: redelivered and dead-lettered again once the DLQ takes it
+            if settlement.error is not None:  # (None: the caller has its answer already)
                 reply = Reply(id=work.env.id, ok=False, error=settlement.error.to_wire())
                 await self._reply(work.env, work.msg, reply)
-                await self._ack(work)
-            # else not acked: redelivered and dead-lettered again once the DLQ takes it
-
-    async def _attempt(self, agent_id: AgentId, work: _Work) -> Settlement:
-        """Run `work` under its partition's lease, rerunning a commit fenced while we still own it."""
-        owner = self._owners.get(work.agent_type.name) if work.durable else None
-        try:
-            for fenced in range(_FENCED_RETRIES + 1):
-                if not self._may_start(work):
-                    # Its partition moved on while it was queued, or this worker stalled past its lease and
-                    # may have lost it without knowing yet: the owner runs it (not acked here), we must not.
-                    return LEAVE
-                try:
-                    return await self._handle_in_order(work)
-                except (ConcurrentAppendError, CheckpointConflictError) as exc:
-                    self._activations.drop(agent_id)
-                    if owner is None or work.partition is None or not owner.may_start(work.partition):
-                        # Another activation committed first and we no longer hold the partition: we are a
-                        # zombie. Leave the message unacked; the partition's owner handles it.
-                        log.warning("fenced %s: %s", agent_id, exc)
-                        return LEAVE
-                    # Still the owner: someone else wrote this agent's log or checkpoint (a client with
-                    # stream access). Reload from what is stored and run the message again in place, so
-                    # the key's next messages keep waiting behind it (FIFO) instead of overtaking it.
-                    log.warning(
-                        "commit of %s fenced while we hold its partition (%d): %s", agent_id, fenced, exc
-                    )
-            log.error(
-                "commit of %s fenced %d times while we hold its partition; left for redelivery",
-                agent_id,
-                _FENCED_RETRIES + 1,
-            )
-            return LEAVE
-        except _LeaseLost:
-            log.warning("lease of %s lost while its handler ran; left to the partition's owner", agent_id)
-            self._activations.drop(agent_id)
-            return LEAVE
+            await self._ack(work)
+        # LEAVE: not acked; JetStream redelivers it to the partition's owner after ack_wait
 
     def _before_takeover(self, work: _Work) -> bool:
         owner, p = self._owners.get(work.agent_type.name), work.partition  # (None for core NATS work)
@@ -345,52 +311,10 @@ class Worker(Upkeep):
             return True
         return not work.lease_lost and owner.may_start(work.partition)
 
-    async def _handle_in_order(self, work: _Work, attempts: int = 3) -> Settlement:
-        """Handle `work`, retrying a failed commit in place (the key's next message waits: FIFO holds).
-
-        A failure of the message's own (a state that cannot be stored, say) is dead-lettered
-        (`commit_failed`) after `attempts`, so a poison message never loops forever. A failure of the
-        cluster's (`is_unavailable`: a leader election, a lost node; also a handler that met one through its
-        context) waits in place, backing off, for up to `unavailable_retry_s`, and is then left for
-        redelivery: an outage never dead-letters work."""
-        deadline = work.outage_until = time.monotonic() + self.config.unavailable_retry_s
-        failures, delay = 0, 0.2
-        while True:
-            try:
-                return await self._handle(work)
-            except (ConcurrentAppendError, CheckpointConflictError, _LeaseLost):
-                raise
-            except Exception as exc:
-                self._activations.drop(work.agent_id)  # the next try starts from the last checkpoint
-                if self._stopping:
-                    return LEAVE  # redelivered to whoever runs next
-                if is_unavailable(exc):
-                    if time.monotonic() + delay > deadline:
-                        log.error(
-                            "handling %s: the cluster stayed unavailable; left for redelivery", work.env.id
-                        )
-                        return LEAVE
-                    log.warning("handling %s waits for the cluster: %r", work.env.id, exc)
-                else:
-                    failures += 1
-                    log.warning(
-                        "handling %s failed (attempt %d/%d): %r", work.env.id, failures, attempts, exc
-                    )
-                    if failures == attempts:
-                        if not work.durable:
-                            return LEAVE
-                        error = (
-                            exc
-                            if isinstance(exc, KernelError)
-                            else HandlerError(str(exc), type(exc).__name__)
-                        )
-                        return dead_letter_with("commit_failed", repr(exc), error)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                if not self._may_start(work):
-                    # The outage outlasted our lease (a host cut off, say): the partition's new owner
-                    # has (or will have) this message; running it again here would run it twice.
-                    raise _LeaseLost() from exc
+    def _holds_partition(self, work: _Work) -> bool:
+        """Whether this worker still owns `work`'s partition (False for core NATS work)."""
+        owner = self._owners.get(work.agent_type.name) if work.durable else None
+        return owner is not None and work.partition is not None and owner.may_start(work.partition)
 
     async def _handle(self, work: _Work) -> Settlement:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
@@ -414,13 +338,9 @@ class Worker(Upkeep):
                 )
                 seen = True
         if seen:  # redelivered after a crash between commit and ack: answer from the checkpoint
-            reported = True
-            if stored_reply is not None:
-                reported = await self._run_end.report(work, decode_reply(stored_reply))
-                if work.reply_to:
-                    await self._publish_reply(work.reply_to, stored_reply)
-            # Not reported: left for a later redelivery, when the orchestrator may be back.
-            return ACK if reported else LEAVE
+            if stored_reply is None:
+                return ACK
+            return await self._end_run_then_reply(work, decode_reply(stored_reply), stored_reply)
         ctx = Context(
             agent_id=agent_id,
             message_id=env.id,
@@ -440,7 +360,7 @@ class Worker(Upkeep):
             self._backend.unbind(ctx)
             self._starting.pop(id(ctx), None)
         if work.lease_lost:
-            raise _LeaseLost()
+            raise LeaseLost()
         if not reply.ok and work.durable:
             # A failed handling leaves no half-applied state: the agent goes back to its last commit (as a
             # Dapr actor's or a Temporal workflow's would); its error reply is still committed, so a
@@ -455,13 +375,19 @@ class Worker(Upkeep):
             encoded = encode_reply(reply)
         if work.durable:
             await self._committer.commit(activation, work, ctx, reply, encoded)
-        # The run's end is reported before the caller hears of it: the report frees the run's spawn slot,
-        # and a parent that spawns its next child on this reply must find that slot free.
-        reported = await self._run_end.report(work, reply)
+        return await self._end_run_then_reply(work, reply, encoded)
+
+    async def _end_run_then_reply(self, work: _Work, reply: Reply, encoded: bytes | None) -> Settlement:
+        """Report the end of `work`'s run (if it started one), then send its `encoded` reply; settled as the
+        report says (`_runend.py`): ACK, RETRY_AFTER when the orchestrator did not take it (the redelivery
+        is answered from the checkpoint and reports again), DEAD_LETTER when it refused it.
+
+        The report comes before the caller hears of the run's end: it frees the run's spawn slot, and a
+        parent that spawns its next child on this reply must find that slot free."""
+        settlement = await self._run_end.report(work, reply)
         if encoded is not None and work.reply_to:
             await self._publish_reply(work.reply_to, encoded)
-        # Not reported: redelivered after ack_wait and answered from the checkpoint.
-        return ACK if reported else LEAVE
+        return settlement
 
     async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
         env = work.env
@@ -484,6 +410,9 @@ class Worker(Upkeep):
                 id=env.id, ok=True, payload=payload, handled_by=self.worker_id, awaiting=ctx.awaiting
             )
         except RetriesExhausted as exhausted:  # keep the message with its context, then tell the orchestrator
+            # Not a DEAD_LETTER settlement: the copy must exist before the crash report and the run's failure
+            # can be seen (a settlement is carried out after the commit and the run-end report), and the
+            # error reply is committed, so a redelivery is answered from the checkpoint and acked.
             await self._dlq_copy(work.msg, "retries_exhausted", str(exhausted.error), env)
             await exhausted.report()
             return Reply(id=env.id, ok=False, error=exhausted.error.to_wire(), handled_by=self.worker_id)
@@ -494,7 +423,7 @@ class Worker(Upkeep):
         except Exception as exc:
             if is_nats_outage(exc) and time.monotonic() < work.outage_until:
                 # The handler met an outage through its context (a progress publish, a spawn with no stream
-                # leader): the cluster's failure, not the handler's. `_handle_in_order` runs it again.
+                # leader): the cluster's failure, not the handler's. `CommitRetry` runs it again.
                 raise
             error = HandlerError(str(exc), type(exc).__name__, str(work.agent_id))
             return Reply(id=env.id, ok=False, error=error.to_wire(), handled_by=self.worker_id)

@@ -1,0 +1,45 @@
+"""The steps around handling a message: each ends it with a `Settlement`, which `Worker._settle` carries out.
+
+A step gets the message and the rest of the chain (`call_next`, the next step or, innermost, the worker's
+handling) and returns how the message ends: what `call_next` returned, or an outcome of its own (LEAVE for
+a lost lease, DEAD_LETTER for a poison message, ...). No step acks, naks or dead-letters anything itself.
+Steps are composed like the interceptor chains (`interceptors/_interceptors.chain`): plain functions, no
+coroutine of their own per step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Protocol
+
+from ._work import Settlement, _Work
+
+__all__ = ["LeaseLost", "MessageStep", "SettleNext", "compose"]
+
+#: The rest of the chain: handles `work` and tells how it ends.
+SettleNext = Callable[[_Work], Awaitable[Settlement]]
+
+
+class LeaseLost(Exception):
+    """The partition's lease was lost while the message ran: its new owner handles it, we commit nothing."""
+
+
+class MessageStep(Protocol):
+    async def process(self, work: _Work, call_next: SettleNext) -> Settlement: ...
+
+
+def compose(steps: Sequence[MessageStep], terminal: SettleNext) -> SettleNext:
+    """`steps` around `terminal`, the first one outermost."""
+    call = terminal
+    for step in reversed(steps):
+        call = _bind(step, call)
+    return call
+
+
+def _bind(step: MessageStep, nxt: SettleNext) -> SettleNext:
+    process = step.process
+
+    def run(work: _Work) -> Awaitable[Settlement]:
+        return process(work, nxt)
+
+    return run
