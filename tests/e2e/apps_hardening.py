@@ -67,7 +67,7 @@ class ConnectionKiller(Agent):
     and nats-py closes the connection for good. Reaching into the worker is for this test only."""
 
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
-        nc = ctx._backend.rt.nc  # type: ignore[attr-defined]
+        nc = ctx._backend.connection.nc  # type: ignore[attr-defined]
         await nc.publish("_INBOX." + "x" * 5000, b"")
         await nc.flush(timeout=5)
         return blocks

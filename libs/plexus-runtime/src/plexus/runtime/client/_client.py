@@ -62,6 +62,7 @@ from plexus.runtime.wire._envelope import (
 )
 from plexus.runtime.wire._subjects import Subjects, checkpoint_key, escape_token
 
+from ._calls import ClientCalls
 from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._delivery import Delivery
@@ -116,6 +117,7 @@ class Runtime(RunsClient):
         self._delivery = Delivery(self._connection)
         self._connection.on_reconnect.append(self._delivery.reconnected)
         self.orchestrator = OrchestratorClient(self._connection)
+        self._connection.attach_orchestrator(self.orchestrator)
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._send_terminal)
         self._publish_chain = chain(icpt, "publish", self._publish_terminal)
@@ -124,6 +126,10 @@ class Runtime(RunsClient):
     def connection(self) -> Connection:
         """The cluster handles of this runtime as one value (what interceptors and components receive)."""
         return self._connection
+
+    def worker_calls(self) -> ClientCalls:
+        """Internal, for the `Worker` serving on this runtime: the client behaviour its parts use."""
+        return ClientCalls(self._send_chain, self._publish_chain, self._host_for, self.send_message)
 
     # -- construction ---------------------------------------------------------------------------------
     @classmethod
@@ -464,14 +470,7 @@ class Runtime(RunsClient):
         await self.subscriptions.remove(subscription_id)
 
     def event_log(self, agent_id: AgentId) -> EventLog[Any]:
-        subjects = self.subjects_for(agent_id.namespace)
-        return EventLog(
-            self.js,
-            stream=self.topology.names.events_stream,
-            subject=subjects.evlog(agent_id.type, agent_id.key),
-            publish=self._connection.acks.publish_acked,
-            get_last_msg=self._connection.gets.get_last_msg,
-        )
+        return self._connection.event_log(agent_id)
 
 
 #: Time kept at the end of a host lookup for one direct read of the registry.

@@ -1,9 +1,12 @@
 """`Connection`: the cluster handles a component needs, as one value instead of the whole `Runtime`.
 
-Interceptors receive it in `Interceptor.start`; it names what they may use (the NATS connection, JetStream,
-the topology's streams and buckets, subjects, the registry and its in-memory view, the artifact store)
-without reaching into the client object that also runs RPCs, subscriptions and reply routing. It lives in
-`store/` (its fields are the store's handles), below the interceptors, the client and the worker that take it.
+Interceptors receive it in `Interceptor.start`, and the worker's parts (intake, commit, context backend,
+topics, upkeep, dead-lettering) are built on it; it names what they may use (the NATS connection, JetStream,
+the topology's streams and buckets, subjects, EventLogs, the registry and its in-memory view, the artifact
+store, the orchestrator client) without reaching into the client object that also runs RPCs, subscriptions
+and reply routing. It lives in `store/` (its fields are the store's handles), below the interceptors, the
+client and the worker that take it; the orchestrator client (`client/_cluster.py`, above) is attached by the
+`Runtime` after both exist and typed here by the `OrchestratorCalls` protocol.
 """
 
 from __future__ import annotations
@@ -11,20 +14,31 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
+from plexus.core import AgentId
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import ArtifactStore
+from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.store._gets import StreamGets
 from plexus.runtime.store._registry import Registry, RegistryCache
 from plexus.runtime.store._topology import Topology
 from plexus.runtime.wire._subjects import Subjects
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "OrchestratorCalls"]
 
 log = logging.getLogger("plexus.client")
+
+R = TypeVar("R")
+
+
+class OrchestratorCalls(Protocol):
+    """Requests to the orchestrator service (`OrchestratorClient` in `client/_cluster.py`)."""
+
+    async def call(self, verb: str, body: Any, reply_type: type[R], namespace: str | None = None) -> R: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +64,25 @@ class Connection:
     #: lost.
     on_disconnect: list[Callable[[], None]] = field(default_factory=list)
     on_reconnect: list[Callable[[], None]] = field(default_factory=list)
+    #: The subject builders of `namespace` (`subjects_for` hands them out for it, built once).
+    subjects: Subjects = field(init=False, repr=False)
+    _orchestrator: OrchestratorCalls | None = field(default=None, init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "subjects", Subjects(prefix=self.prefix, namespace=self.namespace))
+
+    @property
+    def orchestrator(self) -> OrchestratorCalls:
+        """The orchestrator client of this connection (the `Runtime`'s, attached when it is made)."""
+        if self._orchestrator is None:
+            raise RuntimeError("no orchestrator client is attached to this connection")
+        return self._orchestrator
+
+    def attach_orchestrator(self, client: OrchestratorCalls) -> None:
+        """Set `orchestrator` (once: by the `Runtime` that made this connection, its client built on it)."""
+        if self._orchestrator is not None:
+            raise RuntimeError("an orchestrator client is already attached to this connection")
+        object.__setattr__(self, "_orchestrator", client)
 
     def notify(self, listeners: list[Callable[[], None]]) -> None:
         """Call `listeners` (`on_disconnect` or `on_reconnect`)."""
@@ -61,4 +94,16 @@ class Connection:
 
     def subjects_for(self, namespace: str | None = None) -> Subjects:
         """The subject builders of `namespace` (default: this connection's namespace)."""
-        return Subjects(prefix=self.prefix, namespace=namespace or self.namespace)
+        if not namespace or namespace == self.namespace:
+            return self.subjects
+        return Subjects(prefix=self.prefix, namespace=namespace)
+
+    def event_log(self, agent_id: AgentId) -> EventLog[Any]:
+        """The EventLog of `agent_id` (a handle: nothing is read or written until it is used)."""
+        return EventLog(
+            self.js,
+            stream=self.topology.names.events_stream,
+            subject=self.subjects_for(agent_id.namespace).evlog(agent_id.type, agent_id.key),
+            publish=self.acks.publish_acked,
+            get_last_msg=self.gets.get_last_msg,
+        )

@@ -42,6 +42,7 @@ from plexus.runtime.interceptors._interceptors import (
 from plexus.runtime.interceptors._metrics import MetricsInterceptor
 from plexus.runtime.ops._telemetry import metrics_enabled
 from plexus.runtime.store._artifacts import check_payload_size
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.wire._orchestration import FinishedReport
 
@@ -49,7 +50,7 @@ from ._commit import CheckpointTaken
 
 if TYPE_CHECKING:
     from plexus.runtime._app import App
-    from plexus.runtime.client._client import Runtime
+    from plexus.runtime.client._calls import ClientCalls
     from plexus.runtime.client._cluster import OrchestratorClient
 
     from ._activation import Activation, ActivationTable
@@ -61,28 +62,31 @@ _PROGRESS_BURST = 8
 
 
 class WorkerBackend:
-    """What a worker's handlers do through their `Context`, given the worker's parts (never the worker)."""
+    """What a worker's handlers do through their `Context`, given the worker's parts (never the worker): the
+    `Connection`, and the client's `calls` where a handler's call goes on through the client."""
 
     def __init__(
         self,
-        rt: Runtime,
+        connection: Connection,
+        calls: ClientCalls,
         app: App,
         orchestrator: OrchestratorClient,
         activations: ActivationTable,
         supervisor: Supervisor | None = None,
     ) -> None:
-        self.rt = rt
+        self.connection = connection
+        self.calls = calls
         self.orchestrator = orchestrator
         self.activations = activations
         self.supervisor: Supervisor = supervisor or LocalSupervisor()
         self._bound: dict[int, Activation] = {}
         # Progress events published but not yet acknowledged, per bound Context (see `progress_stored`).
         self._progress_acks: dict[int, list[asyncio.Future[Any]]] = {}
-        self._acks = rt.connection.acks
+        self._acks = connection.acks
         icpt = app.interceptors
         # Outbound sends and publications continue into the Runtime's own (client) chain.
-        self._send = chain(icpt, "send", rt._send_chain)
-        self._publish = chain(icpt, "publish", rt._publish_chain)
+        self._send = chain(icpt, "send", calls.send)
+        self._publish = chain(icpt, "publish", calls.publish)
         self._usage = chain(icpt, "usage", self._usage_terminal)
         # While an exporter is installed, `usage` also runs the built-in metrics (`plexus.budget.tokens`),
         # innermost: it counts the usage that reaches the run tree, once per call.
@@ -157,7 +161,7 @@ class WorkerBackend:
         activation = self._activation(ctx)
         activation.progress_seq += 1
         run = self._run(ctx)
-        subject = self.rt.subjects_for(ctx.agent_id.namespace).progress(
+        subject = self.connection.subjects_for(ctx.agent_id.namespace).progress(
             run.root_id, ctx.agent_id.type, ctx.agent_id.key
         )
         # One JetStream publish both captures the event for replay and delivers it to live subscribers. Its
@@ -174,7 +178,7 @@ class WorkerBackend:
             ts=time.time(),
             metadata=metadata,
         )
-        check_payload_size(len(data), self.rt.nc.max_payload)
+        check_payload_size(len(data), self.connection.nc.max_payload)
         # Sent now, in order with the handler's other messages (its stream deltas, sends): only the ack waits.
         ack = await self._acks.publish(subject, data)
         acks = self._progress_acks.setdefault(id(ctx), [])
@@ -185,8 +189,9 @@ class WorkerBackend:
             await asyncio.sleep(0)
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
-        subject = self.rt.subjects_for(ctx.agent_id.namespace).stream(ctx.agent_id.type, ctx.agent_id.key)
-        await self.rt.nc.publish(subject, delta_event_json(text, reasoning=reasoning))
+        agent_id = ctx.agent_id
+        subject = self.connection.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key)
+        await self.connection.nc.publish(subject, delta_event_json(text, reasoning=reasoning))
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
         call = self._usage_metered if metrics_enabled() else self._usage
@@ -217,7 +222,7 @@ class WorkerBackend:
         ordinal = ctx._spawned  # taken before any await: concurrent spawns number in call order
         ctx._spawned += 1
         # No slot for a child nobody can run: AgentNotFoundError before the tree's budget is touched.
-        await self.rt._host_for(child, time.monotonic() + min(timeout_s, 30.0))
+        await self.calls.host_for(child, time.monotonic() + min(timeout_s, 30.0))
         child_run = await self.supervisor.spawn(
             parent, ctx.agent_id, child, priority, child_run_id(ctx.message_id, ordinal, parent.run_id)
         )
@@ -236,7 +241,7 @@ class WorkerBackend:
                 await log.append_with_retry(lambda _seq: [spawned])
         status = "completed"
         try:
-            return await self.rt.send_message(
+            return await self.calls.send_message(
                 blocks, child, timeout=timeout_s, sender=ctx.agent_id, run=child_run, kind="spawn"
             )
         except KernelError as exc:
@@ -275,10 +280,10 @@ class WorkerBackend:
             # of the deltas the owner has logged since (commits write no checkpoint as a rule).
             taken = CheckpointTaken(message_id=ctx.message_id)
             async with activation.log_turn():
-                activation.log_seq = await self.rt.event_log(ctx.agent_id).append(
+                activation.log_seq = await self.connection.event_log(ctx.agent_id).append(
                     [taken], expected_seq=activation.log_seq
                 )
         await self.activations.save(activation)
 
     def event_log_for(self, agent_id: AgentId) -> EventLog[Any]:
-        return self.rt.event_log(agent_id)
+        return self.connection.event_log(agent_id)

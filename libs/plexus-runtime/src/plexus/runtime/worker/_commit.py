@@ -29,6 +29,7 @@ from plexus.core import (
     reply_entry_json,
 )
 from plexus.runtime.store._artifacts import PayloadTooLargeError
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._registry import type_ref
 from plexus.runtime.wire._envelope import Reply
 
@@ -45,7 +46,6 @@ from ._work import _reply_text, _Work
 
 if TYPE_CHECKING:
     from plexus.runtime._context import Context
-    from plexus.runtime.client._client import Runtime
 
 __all__ = ["CheckpointTaken", "Committer", "MessageCommitted", "marker_json"]
 
@@ -116,8 +116,8 @@ class CheckpointTaken(KernelMessage):
 
 
 class Committer:
-    def __init__(self, rt: Runtime, activations: ActivationTable) -> None:
-        self.rt = rt
+    def __init__(self, connection: Connection, activations: ActivationTable) -> None:
+        self.connection = connection
         self.activations = activations
 
     async def commit(
@@ -140,10 +140,10 @@ class Committer:
                 encoded.append(reply_entry_json(text))
         state = activation.encoded_state()
         # Deltas and progress sequences in markers only while every live host of the type reads them.
-        deltas = self.rt.connection.registry_view.supported_by_all(
+        deltas = self.connection.registry_view.supported_by_all(
             type_ref(work.agent_id.namespace, work.agent_id.type), STATE_DELTAS
         )
-        checkpoint, delta = activation.plan_commit(state, env.id, self.rt.nc.max_payload, deltas)
+        checkpoint, delta = activation.plan_commit(state, env.id, self.connection.nc.max_payload, deltas)
         if not checkpoint:
             kept = reply_bytes if reply_bytes is not None and len(reply_bytes) <= REPLY_MAX_BYTES else None
             moved = activation.progress_seq != activation.saved_progress_seq
@@ -159,7 +159,7 @@ class Committer:
             # Logged by a worker that died before its checkpoint: the entries are there already.
             activation.logged = activation.logged - {env.id}
         else:
-            log = self.rt.event_log(work.agent_id)
+            log = self.connection.event_log(work.agent_id)
             async with activation.log_turn():
                 try:
                     activation.log_seq = await log.append_encoded(encoded, expected_seq=activation.log_seq)
@@ -170,7 +170,7 @@ class Committer:
                     encoded.pop()
                     checkpoint = True
                     activation.log_seq = await log.append_encoded(encoded, expected_seq=activation.log_seq)
-        activation.remember(env.id, reply_bytes, reply_budget=self.rt.nc.max_payload // 4)
+        activation.remember(env.id, reply_bytes, reply_budget=self.connection.nc.max_payload // 4)
         if checkpoint:
             await self.activations.save(activation, state=state)
         else:
@@ -184,7 +184,7 @@ class Committer:
         # A second of slack: the inbox and the EventLog may be led by different servers' clocks.
         since = published - datetime.timedelta(seconds=1)
         try:
-            records = await self.rt.event_log(agent_id).read_since(since)
+            records = await self.connection.event_log(agent_id).read_since(since)
         except ValueError as exc:
             log.warning("cannot read the EventLog of %s since %s: %s", agent_id, since, exc)
             return False
@@ -197,7 +197,7 @@ class Committer:
         messages only logged (their worker died before the checkpoint)."""
         # An unreadable batch raises (ValueError): the state is rebuilt from these entries, and guessing
         # without them would silently lose committed changes. The activation fails; the message is retried.
-        records = await self.rt.event_log(agent_id).read(from_seq=seq + 1)
+        records = await self.connection.event_log(agent_id).read(from_seq=seq + 1)
         received = {str(r.entry.message_id) for r in records if isinstance(r.entry, RunMessageReceived)}
         committed = [
             LoggedCommit(

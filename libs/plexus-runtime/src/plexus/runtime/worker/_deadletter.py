@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
 
 from nats.aio.msg import Msg
 
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._artifacts import headers_size
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.wire._envelope import Envelope
 from plexus.runtime.wire._subjects import Subjects
-
-if TYPE_CHECKING:
-    from plexus.runtime.client._client import Runtime
 
 __all__ = ["dead_letter"]
 
@@ -27,7 +24,13 @@ def _header_value(text: str, limit: int = 1000) -> str:
 
 
 async def dead_letter(
-    rt: Runtime, subjects: Subjects, worker_id: str, msg: Msg, reason: str, detail: str, env: Envelope | None
+    connection: Connection,
+    subjects: Subjects,
+    worker_id: str,
+    msg: Msg,
+    reason: str,
+    detail: str,
+    env: Envelope | None,
 ) -> bool:
     """Publish `msg` to ``<prefix>.<ns>.dlq.<type>`` with ``Plexus-Dlq-*`` headers; False if that failed."""
     # A target is `[ns/]type/key` and only the key may hold '/': split twice, the type precedes the key.
@@ -49,10 +52,10 @@ async def dead_letter(
         headers["Plexus-Dlq-Target"] = _header_value(env.target)
     # Our headers make the copy bigger than the original; past max_payload the server would close the
     # connection (and the message would come back forever), so keep only a prefix of the body.
-    room = rt.nc.max_payload - headers_size(headers)
+    room = connection.nc.max_payload - headers_size(headers)
     data = msg.data if len(msg.data) <= room else msg.data[: max(room, 0)]
     try:
-        await rt.js.publish(dlq_subject, data, headers=headers)
+        await connection.js.publish(dlq_subject, data, headers=headers)
     except Exception:
         log.exception("dead-lettering failed; leaving the message for redelivery")
         return False

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING
 
 import msgspec
 from nats.aio.msg import Msg
@@ -18,6 +17,7 @@ from nats.aio.msg import Msg
 from plexus.core import AgentId, AgentNotFoundError, BaseBlock, ProtocolError, TopicId
 from plexus.runtime._app import App
 from plexus.runtime.client._supervisor import new_root_run
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
     RESEND,
@@ -36,9 +36,6 @@ from ._deadletter import dead_letter
 from ._recent_replies import RecentReplies
 from ._work import _envelope_problem, _id_problem, _origin_problem, _Work
 
-if TYPE_CHECKING:
-    from plexus.runtime.client._client import Runtime
-
 __all__ = ["Intake"]
 
 log = logging.getLogger("plexus.worker")
@@ -49,12 +46,12 @@ _JS_PREFIX = "$JS."
 class Intake:
     """Reads messages for the agent types of `app` hosted by worker `worker_id`."""
 
-    def __init__(self, app: App, rt: Runtime, worker_id: str) -> None:
+    def __init__(self, app: App, connection: Connection, worker_id: str) -> None:
         self.app = app
-        self.rt = rt
+        self.connection = connection
         self.worker_id = worker_id
         #: Stopped with the worker (`Worker.stop` closes it).
-        self.recent_replies = RecentReplies(rt.connection)
+        self.recent_replies = RecentReplies(connection)
 
     async def read(self, msg: Msg, *, durable: bool) -> _Work | None:
         """The work `msg` carries, or None when it was dead-lettered (and answered, and acked)."""
@@ -169,7 +166,7 @@ class Intake:
             return f"topic {env.topic!r}: {exc}"
         if topic.namespace != self.app.namespace:
             return f"topic {env.topic!r} is not of namespace {self.app.namespace!r}"
-        if subject != self.rt.subjects_for(topic.namespace).topic(topic.type, topic.source):
+        if subject != self.connection.subjects_for(topic.namespace).topic(topic.type, topic.source):
             return f"topic {env.topic!r} arrived on {subject!r}"
         return topic
 
@@ -221,7 +218,7 @@ class Intake:
 
     def _arrived_for(self, subject: str, agent_id: AgentId, durable: bool) -> bool:
         """Whether `subject` is the inbox of `agent_id` (the one its partition and mailbox follow)."""
-        subjects = self.rt.subjects_for(agent_id.namespace)
+        subjects = self.connection.subjects_for(agent_id.namespace)
         try:
             if durable:
                 agent_type, key, _ = subjects.parse_partitioned(subject)
@@ -250,9 +247,8 @@ class Intake:
 
     async def dlq_copy(self, msg: Msg, reason: str, detail: str, env: Envelope | None) -> bool:
         """Publish a copy of `msg` with the reason to the dead-letter stream; False if that failed."""
-        return await dead_letter(
-            self.rt, self.rt.subjects_for(self.app.namespace), self.worker_id, msg, reason, detail, env
-        )
+        subjects = self.connection.subjects_for(self.app.namespace)
+        return await dead_letter(self.connection, subjects, self.worker_id, msg, reason, detail, env)
 
     async def reply(self, env: Envelope, msg: Msg, reply: Reply) -> None:
         # The same preference as `_Work.reply_to`: a core requester waits on msg.reply, not on the body's.
@@ -282,5 +278,5 @@ class Intake:
             log.warning("not replying: %s", problem)
             return
         with contextlib.suppress(Exception):  # a caller that went away is not our failure
-            await self.rt.nc.publish(target, data)
+            await self.connection.nc.publish(target, data)
             self.recent_replies.published(target, data)

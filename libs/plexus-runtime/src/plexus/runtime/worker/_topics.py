@@ -17,7 +17,7 @@ from nats.aio.msg import Msg
 
 from plexus.core import AgentId
 from plexus.runtime._app import App
-from plexus.runtime.client._client import Runtime
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._registry import topic_groups
 from plexus.runtime.wire._envelope import HDR_TOPIC_TO
 from plexus.runtime.wire._subjects import escape_token
@@ -32,9 +32,11 @@ __all__ = ["TopicReceiver"]
 class TopicReceiver:
     """Subscribes a worker to its namespaces' topic publications and queues each hosted type's copy."""
 
-    def __init__(self, app: App, rt: Runtime, intake: Intake, mailboxes: Mailboxes[AgentId, _Work]) -> None:
+    def __init__(
+        self, app: App, connection: Connection, intake: Intake, mailboxes: Mailboxes[AgentId, _Work]
+    ) -> None:
         self._app = app
-        self._rt = rt
+        self._connection = connection
         self._intake = intake
         self._mailboxes = mailboxes
         #: Namespace → this worker's topic delivery group there (advertised in its heartbeat).
@@ -43,9 +45,9 @@ class TopicReceiver:
     async def subscribe(self) -> list[Any]:
         subs = []
         for namespace, group in self.groups.items():
-            subjects = self._rt.subjects_for(namespace)
+            subjects = self._connection.subjects_for(namespace)
             subs.append(
-                await self._rt.nc.subscribe(
+                await self._connection.nc.subscribe(
                     subjects.topic_wildcard(),
                     queue=subjects.topic_queue(group),
                     cb=self._on_topic(namespace, group),
@@ -59,7 +61,7 @@ class TopicReceiver:
             for t in self._app.types.values()
             if not t.durable and t.namespace == namespace
         }
-        registry = self._rt.connection.registry_view
+        registry = self._connection.registry_view
 
         async def on_topic(msg: Msg) -> None:
             listed = (msg.headers or {}).get(HDR_TOPIC_TO, "")

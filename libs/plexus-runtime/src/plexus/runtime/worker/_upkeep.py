@@ -16,7 +16,7 @@ from typing import Any
 from plexus.core import AgentId
 from plexus.runtime._agent import AgentType
 from plexus.runtime._app import App
-from plexus.runtime.client._client import Runtime
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.store._registry import AgentTypeInfo, WorkerInfo
 from plexus.runtime.wire._subjects import inbox_partition
@@ -37,7 +37,7 @@ log = logging.getLogger("plexus.worker")
 class Upkeep:
     """Mixed into `Worker`, which owns the state declared here."""
 
-    rt: Runtime
+    connection: Connection
     app: App
     config: WorkerConfig
     worker_id: str
@@ -51,7 +51,7 @@ class Upkeep:
     _topics: TopicReceiver
 
     async def _heartbeat(self) -> None:
-        await self.rt.registry.heartbeat(
+        await self.connection.registry.heartbeat(
             WorkerInfo(
                 worker_id=self.worker_id,
                 host=socket.gethostname(),
@@ -77,7 +77,11 @@ class Upkeep:
                 return await step()
             except Exception as exc:
                 # A connection closed for good (a fatal server error) is not an outage to wait out.
-                if not is_unavailable(exc) or self.rt.nc.is_closed or time.monotonic() + delay > deadline:
+                if (
+                    not is_unavailable(exc)
+                    or self.connection.nc.is_closed
+                    or time.monotonic() + delay > deadline
+                ):
                     raise
                 log.warning(
                     "worker start waits for the cluster (%s): %r", getattr(step, "__name__", step), exc
@@ -87,14 +91,14 @@ class Upkeep:
 
     async def _register_types(self) -> None:
         for agent_type in self.app.types.values():
-            await self.rt.registry.register_type(
+            await self.connection.registry.register_type(
                 AgentTypeInfo(
                     namespace=agent_type.namespace,
                     type=agent_type.name,
                     description=agent_type.description,
                     capabilities=list(agent_type.capabilities),
                     durable=agent_type.durable,
-                    partitions=self.rt.partitions,
+                    partitions=self.connection.partitions,
                     metadata=dict(agent_type.metadata),
                 )
             )
@@ -169,13 +173,13 @@ class Upkeep:
         ns_type = f"{agent_type.namespace}/{agent_type.name}"
 
         async def live() -> list[str]:
-            return [w.worker_id for w in await self.rt.registry.live_workers(ns_type)]
+            return [w.worker_id for w in await self.connection.registry.live_workers(ns_type)]
 
         return live
 
     def _forget_partition(self, agent_type: str, partition: int) -> None:
         for activation in self._activations.of_type(agent_type):
-            if inbox_partition(activation.agent_id.key, self.rt.partitions) == partition:
+            if inbox_partition(activation.agent_id.key, self.connection.partitions) == partition:
                 self._activations.drop(activation.agent_id)
 
     def _partition_taken(self, agent_type: str) -> Callable[[int], None]:

@@ -25,7 +25,7 @@ from plexus.core import AgentId, BaseBlock, HandlerError, KernelError
 from plexus.runtime._app import App
 from plexus.runtime._context import Context
 from plexus.runtime.client._client import Runtime
-from plexus.runtime.client._cluster import ClusterSupervisor, OrchestratorClient, RunControl
+from plexus.runtime.client._cluster import ClusterSupervisor, RunControl
 from plexus.runtime.interceptors._interceptors import HandleInput
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._artifacts import PayloadTooLargeError
@@ -79,9 +79,11 @@ class Worker(Upkeep):
     """Serves `app` on an existing runtime connection. `start()`, then `stop()` (graceful) or `kill`."""
 
     def __init__(self, app: App, runtime: Runtime, config: WorkerConfig | None = None) -> None:
+        # The one place that reads the Runtime: its parts get the `Connection`, and the client's calls.
         self.app = app
         self.rt = runtime
-        self.config = with_lease_ttl(config or WorkerConfig(), runtime.topology.leases_ttl_s)
+        self.connection = connection = runtime.connection
+        self.config = with_lease_ttl(config or WorkerConfig(), connection.topology.leases_ttl_s)
         self.worker_id = self.config.worker_id or f"{socket.gethostname()}-{os.getpid()}-{id(self):x}"
         self.started_at = time.time()
         self._inflight = asyncio.Semaphore(self.config.concurrency * 4)
@@ -90,19 +92,19 @@ class Worker(Upkeep):
         self._mailboxes: Mailboxes[AgentId, _Work] = Mailboxes(self._run_one, self.config.concurrency)
         self._activations = ActivationTable(
             CheckpointStore(
-                runtime.topology.checkpoints,
-                bucket=runtime.topology.names.checkpoints_bucket,
-                get_last_msg=runtime.connection.gets.get_last_msg,
+                connection.topology.checkpoints,
+                bucket=connection.topology.names.checkpoints_bucket,
+                get_last_msg=connection.gets.get_last_msg,
             ),
             lambda aid: checkpoint_key(aid.namespace, aid.type, aid.key),
-            lambda aid: runtime.event_log(aid).last_seq(),
+            lambda aid: connection.event_log(aid).last_seq(),
             lambda aid, seq: self._committer.logged_since(aid, seq),
         )
-        self._committer = Committer(runtime, self._activations)
+        self._committer = Committer(connection, self._activations)
         #: Durable work by its handler's context while it runs: `_invoke` looks at its lease once more.
         self._starting: dict[int, _Work] = {}
-        self._intake = Intake(app, runtime, self.worker_id)
-        self._topics = TopicReceiver(app, runtime, self._intake, self._mailboxes)
+        self._intake = Intake(app, connection, self.worker_id)
+        self._topics = TopicReceiver(app, connection, self._intake, self._mailboxes)
 
         self._owners: dict[str, PartitionOwner] = {}
         self._unacked: set[_Work] = set()
@@ -110,15 +112,16 @@ class Worker(Upkeep):
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
         self._control_subs: list[Any] = []
-        self.control = RunControl(runtime.connection)
-        self.orchestrator = OrchestratorClient(runtime.connection)
+        self.control = RunControl(connection)
+        self.orchestrator = runtime.orchestrator  # the client `connection.orchestrator` is
         self._run_end = RunEndReporter(self.orchestrator, app.namespace)
         self._backend = WorkerBackend(
-            runtime,
+            connection,
+            runtime.worker_calls(),
             app,
             self.orchestrator,
             self._activations,
-            ClusterSupervisor(runtime.connection, self.control, self.orchestrator),
+            ClusterSupervisor(connection, self.control, self.orchestrator),
         )
         self._chains = HandleChains(
             self.control, self.orchestrator, self._backend.reload, app.interceptors, self._invoke
@@ -140,7 +143,7 @@ class Worker(Upkeep):
     # -- lifecycle ------------------------------------------------------------------------------------
     async def start(self) -> None:
         # Interceptors are ready before the first message can arrive (they may open their own resources).
-        connection = self.rt.connection
+        connection = self.connection
         for interceptor in self.app.interceptors:
             await interceptor.start(connection, self.worker_id)
         ns = escape_token(self.app.namespace)
@@ -148,31 +151,29 @@ class Worker(Upkeep):
         # before cancel and pause broadcasts reach this worker (they are not replayed), and draining
         # handlers must still be cancellable and pausable. They once came after the first rebalance, which
         # takes seconds on R3: a run preempted meanwhile was never paused (found by the e2e suite on R3).
-        self._control_subs.append(
-            await self.rt.nc.subscribe(
-                f"{self.rt.prefix}.{ns}.ctl.cancel.*", cb=self._run_control.on_cancel_notice
+        for verb, cb in (
+            ("cancel", self._run_control.on_cancel_notice),
+            ("pause", self._run_control.on_pause_notice),
+        ):
+            self._control_subs.append(
+                await connection.nc.subscribe(f"{connection.prefix}.{ns}.ctl.{verb}.*", cb=cb)
             )
-        )
-        self._control_subs.append(
-            await self.rt.nc.subscribe(
-                f"{self.rt.prefix}.{ns}.ctl.pause.*", cb=self._run_control.on_pause_notice
-            )
-        )
         await self._patiently(self._register_types)
-        leases = LeaseManager(self.rt.topology.leases, self.worker_id, self.config.lease_ttl_s)
+        leases = LeaseManager(connection.topology.leases, self.worker_id, self.config.lease_ttl_s)
         durable_types = sum(1 for t in self.app.types.values() if t.durable)
         # Every partition of every durable type may be ours: each must be able to hold a pull request open.
-        max_batch = max(1, min(64, self.config.concurrency * 4 // max(1, durable_types * self.rt.partitions)))
+        slots_per_partition = self.config.concurrency * 4 // max(1, durable_types * connection.partitions)
+        max_batch = max(1, min(64, slots_per_partition))
         for agent_type in self.app.types.values():
             if agent_type.durable:
                 self._owners[agent_type.name] = PartitionOwner(
-                    nc=self.rt.nc,
-                    js=self.rt.js,
+                    nc=connection.nc,
+                    js=connection.js,
                     leases=leases,
-                    subjects=self.rt.subjects_for(agent_type.namespace),
-                    stream=self.rt.topology.names.inbox_stream,
+                    subjects=connection.subjects_for(agent_type.namespace),
+                    stream=connection.topology.names.inbox_stream,
                     agent_type=agent_type.name,
-                    partitions=self.rt.partitions,
+                    partitions=connection.partitions,
                     worker_id=self.worker_id,
                     live_workers=self._live_worker_ids(agent_type),
                     dispatch=self._dispatch_durable,
@@ -184,8 +185,8 @@ class Worker(Upkeep):
                     max_batch=max_batch,
                 )
             else:
-                subjects = self.rt.subjects_for(agent_type.namespace)
-                sub = await self.rt.nc.subscribe(
+                subjects = connection.subjects_for(agent_type.namespace)
+                sub = await connection.nc.subscribe(
                     subjects.ephemeral_wildcard(agent_type.name),
                     queue=subjects.ephemeral_queue(agent_type.name),
                     cb=self._on_ephemeral,
@@ -194,7 +195,7 @@ class Worker(Upkeep):
         self._subs.extend(await self._topics.subscribe())
         # Announced only once the server has every subscription: a client that finds this worker in the
         # registry must not meet "no responders" (an AgentNotFoundError) on its first send.
-        await self.rt.nc.flush()
+        await connection.nc.flush()
         # Leases are renewed from the first one taken: a first round that waits for the cluster must not let
         # the partitions it already holds expire.
         self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
@@ -233,7 +234,7 @@ class Worker(Upkeep):
             await asyncio.wait(self._tasks, timeout=5)
         self._intake.recent_replies.close()
         with contextlib.suppress(Exception):
-            await self.rt.registry.remove_worker(self.worker_id)
+            await self.connection.registry.remove_worker(self.worker_id)
         for interceptor in reversed(self.app.interceptors):
             try:
                 await interceptor.stop()
@@ -296,7 +297,7 @@ class Worker(Upkeep):
                 return  # not acked: redelivered and dead-lettered again once the DLQ takes it
             if settlement.error is not None:  # (None: the caller has its answer already)
                 reply = Reply(id=work.env.id, ok=False, error=settlement.error.to_wire())
-                await self._reply(work.env, work.msg, reply)
+                await self._intake.reply(work.env, work.msg, reply)
             await self._ack(work)
         # LEAVE: not acked; JetStream redelivers it to the partition's owner after ack_wait
 
@@ -368,9 +369,10 @@ class Worker(Upkeep):
             activation.agent.load_state(msgspec.json.decode(activation.saved_state))
         # A run's entry message keeps its reply even without a caller: a redelivery re-sends the run's end.
         encoded = encode_reply(reply) if work.reply_to or _is_run_entry(env) else None
-        if encoded is not None and len(encoded) > self.rt.nc.max_payload:
+        max_payload = self.connection.nc.max_payload
+        if encoded is not None and len(encoded) > max_payload:
             # Undeliverable as is (the publish would fail and the caller time out): answer a typed error.
-            too_large = PayloadTooLargeError(len(encoded), self.rt.nc.max_payload)
+            too_large = PayloadTooLargeError(len(encoded), max_payload)
             reply = Reply(id=env.id, ok=False, error=too_large.to_wire(), handled_by=self.worker_id)
             encoded = encode_reply(reply)
         if work.durable:
@@ -386,13 +388,13 @@ class Worker(Upkeep):
         parent that spawns its next child on this reply must find that slot free."""
         settlement = await self._run_end.report(work, reply)
         if encoded is not None and work.reply_to:
-            await self._publish_reply(work.reply_to, encoded)
+            await self._intake.publish_reply(work.reply_to, encoded)
         return settlement
 
     async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
         env = work.env
         try:
-            blocks = await self.rt.artifacts.resolve(work.blocks)
+            blocks = await self.connection.artifacts.resolve(work.blocks)
             handle = self._chains.for_envelope(env)(
                 HandleInput(
                     agent=activation.agent,
@@ -405,7 +407,7 @@ class Worker(Upkeep):
                 )
             )
             result = await run_stoppable(work, handle) if work.durable else await handle
-            payload = payload_from_blocks(await self.rt.artifacts.offload(result or []))
+            payload = payload_from_blocks(await self.connection.artifacts.offload(result or []))
             return Reply(
                 id=env.id, ok=True, payload=payload, handled_by=self.worker_id, awaiting=ctx.awaiting
             )
@@ -443,9 +445,3 @@ class Worker(Upkeep):
     async def _ack(self, work: _Work) -> None:
         if work.durable:
             await work.msg.ack()
-
-    async def _reply(self, env: Envelope, msg: Msg, reply: Reply) -> None:
-        await self._intake.reply(env, msg, reply)
-
-    async def _publish_reply(self, target: str, data: bytes) -> None:
-        await self._intake.publish_reply(target, data)
