@@ -9,6 +9,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import time
 
 import nats.js.errors
 import pytest
@@ -133,3 +134,47 @@ async def test_a_worker_started_while_the_cluster_does_not_answer_waits_for_it_i
         with contextlib.suppress(Exception):
             await worker.stop(drain_timeout=5)
         await worker_rt.close()
+
+
+async def test_a_slow_first_round_renews_the_leases_it_already_took(
+    runtime: Runtime, start_worker: StartWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`start`'s first round takes one type's partitions, then the second type's rebalance takes longer than
+    a lease TTL (3 s here; consumer creations during an election can). The leases already taken are renewed
+    meanwhile (`_keep_leases` runs from before the round): once started, the worker still holds them, fresh,
+    and serves their keys at once. Before, renewals began after the round and those leases had lapsed."""
+    from plexus.runtime.worker._partitions import PartitionOwner
+
+    app = App()
+
+    @app.agent("first")
+    class First(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            return [TextBlock(text="first " + _text(blocks))]
+
+    @app.agent("second")
+    class Second(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            return [TextBlock(text="second " + _text(blocks))]
+
+    real_rebalance = PartitionOwner.rebalance
+    slowed: list[float] = []
+
+    async def rebalance(self: PartitionOwner) -> None:
+        await real_rebalance(self)
+        if self.agent_type == "second" and not slowed:
+            slowed.append(time.monotonic())
+            await asyncio.sleep(5.0)  # > the 3 s lease TTL, after both types' first acquisitions
+
+    monkeypatch.setattr(PartitionOwner, "rebalance", rebalance)
+    worker = await start_worker(app)
+    assert slowed, "the second type's first rebalance did not run in start"
+    first = worker._owners["first"]
+    assert first.owned, "the first type took no partition"
+    now = time.monotonic()
+    stale = sorted(p for p in first.owned if not first.may_start(p))
+    assert stale == [], (
+        f"leases of partitions {stale} lapsed during the slow first round ({now - slowed[0]:.1f} s)"
+    )
+    reply = await runtime.send_message([TextBlock(text="x")], AgentId("first", "k"), timeout=10)
+    assert _text(reply) == "first x"
