@@ -8,32 +8,14 @@ asks the runtime for them; no part reads the `Runtime` itself.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol
 
 from plexus.core import AgentId, BaseBlock
 from plexus.runtime.interceptors._interceptors import PublishInput, SendInput
 from plexus.runtime.store._registry import AgentTypeInfo
-from plexus.runtime.wire._envelope import RunInfo
 
-__all__ = ["ClientCalls", "SendMessage"]
-
-
-class SendMessage(Protocol):
-    """`Runtime.send_message`: an RPC through the client's send chain."""
-
-    async def __call__(
-        self,
-        blocks: Sequence[BaseBlock],
-        agent_id: AgentId,
-        *,
-        timeout: float = 30.0,
-        sender: AgentId | None = None,
-        run: RunInfo | None = None,
-        message_id: str | None = None,
-        kind: Literal["send", "spawn"] = "send",
-    ) -> list[BaseBlock]: ...
+__all__ = ["ClientCalls"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,5 +28,3 @@ class ClientCalls:
     publish: Callable[[PublishInput], Awaitable[None]]
     #: The registered type of `agent_id` once it has a live host, or AgentNotFoundError by the deadline.
     host_for: Callable[[AgentId, float], Awaitable[AgentTypeInfo]]
-    #: `Runtime.send_message` (a child's spawn message goes through the client's chain only).
-    send_message: SendMessage

@@ -129,7 +129,7 @@ class Runtime(RunsClient):
 
     def worker_calls(self) -> ClientCalls:
         """Internal, for the `Worker` serving on this runtime: the client behaviour its parts use."""
-        return ClientCalls(self._send_chain, self._publish_chain, self._host_for, self.send_message)
+        return ClientCalls(self._send_chain, self._publish_chain, self._host_for)
 
     # -- construction ---------------------------------------------------------------------------------
     @classmethod

@@ -217,6 +217,8 @@ class WorkerBackend:
 
     async def _spawn_terminal(self, inp: SpawnInput) -> list[BaseBlock]:
         ctx, child, blocks, priority, timeout_s = inp.ctx, inp.child, inp.blocks, inp.priority, inp.timeout_s
+        if timeout_s <= 0:
+            raise ValueError(f"timeout must be positive, got {timeout_s}")
         activation = self._activation(ctx)
         parent = self._run(ctx)
         ordinal = ctx._spawned  # taken before any await: concurrent spawns number in call order
@@ -241,9 +243,20 @@ class WorkerBackend:
                 await log.append_with_retry(lambda _seq: [spawned])
         status = "completed"
         try:
-            return await self.calls.send_message(
-                blocks, child, timeout=timeout_s, sender=ctx.agent_id, run=child_run, kind="spawn"
+            # Through the client's send chain only (the app's interceptors saw this call as a spawn).
+            result: list[BaseBlock] = await self.calls.send(
+                SendInput(
+                    blocks=list(blocks),
+                    recipient=child,
+                    sender=ctx.agent_id,
+                    message_id=str(MessageId.new()),
+                    timeout_s=timeout_s,
+                    headers={},
+                    run=child_run,
+                    kind="spawn",
+                )
             )
+            return result
         except KernelError as exc:
             ended: Literal["failed", "cancelled"] = (
                 "cancelled" if isinstance(exc, CancellationError) else "failed"
