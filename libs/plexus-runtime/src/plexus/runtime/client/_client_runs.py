@@ -29,6 +29,7 @@ from plexus.core import (
 )
 from plexus.runtime.store._artifacts import ArtifactStore
 from plexus.runtime.store._connection import Connection
+from plexus.runtime.store._follow import Follower
 from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.store._topology import Topology
 from plexus.runtime.wire._envelope import blocks_from_payload, payload_from_blocks
@@ -58,6 +59,7 @@ class RunsClient:
 
     nc: NATS
     js: JetStreamContext
+    connection_closed: asyncio.Event
     _connection: Connection
     topology: Topology
     subjects: Subjects
@@ -71,28 +73,33 @@ class RunsClient:
     async def progress(self, run_id: str) -> AsyncIterator[AgentProgress]:
         """Every progress event of the run tree rooted at `run_id`: replayed from its start, then live."""
         subject = self.subjects.progress_tree(run_id)
+        follower: Follower[Msg] = Follower(self.connection_closed)
         sub = await self.js.subscribe(
             subject,
             ordered_consumer=True,
             deliver_policy=js_api.DeliverPolicy.ALL,
             stream=self.topology.names.progress_stream,
+            cb=follower.deliver,
         )
         try:
-            async for msg in sub.messages:
+            async for msg in follower:
                 yield AgentProgress.model_validate_json(msg.data)
         finally:
+            follower.end()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
     async def stream(self, agent_id: AgentId) -> AsyncIterator[StreamEvent]:
         """Live token deltas of one agent (core NATS: no replay)."""
+        follower: Follower[Msg] = Follower(self.connection_closed)
         sub = await self.nc.subscribe(
-            self.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key)
+            self.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key), cb=follower.deliver
         )
         try:
-            async for msg in sub.messages:
+            async for msg in follower:
                 yield stream_event_from_json(msg.data)
         finally:
+            follower.end()
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
