@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
-from plexus.core import TextBlock
+from plexus.core import RunId, TextBlock
+from plexus.runtime import escape_token
 
 from .conftest import SseEvent, Stack, read_sse
 
@@ -204,6 +206,55 @@ async def test_events_resume_with_last_event_id_loses_and_repeats_nothing(gw: St
     ]
     assert replayed == expected
     assert resumed[-1].data == "[DONE]"
+
+
+async def test_done_waits_for_the_status_event_of_an_ending_whose_record_is_written_first(gw: Stack) -> None:
+    """The orchestrator writes a run's record, then announces it on the progress stream: a client may read
+    "completed" before that event is stored. [DONE] waits for it (else a resume would read one event more)."""
+    done = (await gw.client.post("/v1/runs", json={"agent_id": "echo/late", "input": text("x")})).json()
+    model_events = await read_sse(gw.client, f"/v1/runs/{done['run_id']}/events")
+    ending = next(e for e in reversed(model_events) if e.event == "status" and not e.json().get("reconciled"))
+    assert ending.json()["progress"]["metadata"]["status"] == "completed"
+
+    # The orchestrator's two writes for a root that ends, copied from that run into a run of our own: the
+    # record first; its status event only after a client has been shown the ended record.
+    run_id = str(RunId.new())
+    record = {**ending.json()["run"], "run_id": run_id, "root_id": run_id, "updated_at": time.time()}
+    progress = {
+        **ending.json()["progress"],
+        "run_id": run_id,
+        "root_id": run_id,
+        "agent_id": f"orchestrator/{run_id}",
+    }
+    await gw.rt.topology.runs.put(f"run.{escape_token(run_id)}", json.dumps(record).encode())
+    snapshot = asyncio.Event()
+
+    def on_event(event: SseEvent) -> bool:
+        if event.event == "snapshot":
+            snapshot.set()
+        return False
+
+    reader = asyncio.ensure_future(read_sse(gw.client, f"/v1/runs/{run_id}/events", stop=on_event))
+    await asyncio.wait_for(snapshot.wait(), 30)
+    # The announcement lags the record (a JetStream round trip, more under load): here by longer than the
+    # gateway takes to look at the ended tree (one poll), well within its settle_s (10 s).
+    await asyncio.sleep(1.0)
+    assert not reader.done(), [(e.id, e.event, e.data) for e in reader.result()]
+    ack = await gw.rt.js.publish(
+        gw.rt.subjects.progress(run_id, "orchestrator", run_id), json.dumps(progress).encode()
+    )
+    events = await asyncio.wait_for(reader, 30)
+    assert [(e.id, e.event) for e in events] == [
+        ("0", "snapshot"),
+        (str(ack.seq), "status"),
+        (str(ack.seq), "message"),
+    ]
+    assert events[1].json()["run"]["status"] == "completed"
+    assert events[-1].data == "[DONE]"
+
+    # Resumed after that event (the gateway finds it on the stream instead of reading it): nothing more.
+    resumed = await read_sse(gw.client, f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": str(ack.seq)})
+    assert [e.data for e in resumed if not (e.event == "status" and e.json().get("reconciled"))] == ["[DONE]"]
 
 
 async def test_a_viewer_disconnecting_does_not_cancel_the_run(gw: Stack) -> None:

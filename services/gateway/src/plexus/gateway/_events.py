@@ -5,6 +5,12 @@ so a reconnect with ``Last-Event-ID: n`` resumes at sequence n+1 of the same dur
 nothing repeated, whichever gateway replica answers. Events of the orchestrator (``orchestrator/<run>``)
 are run status changes (``status``); an agent's own steps are ``progress``, its tool calls ``tool_call``.
 Each event carries the tree's usage totals so budget gauges move as tokens are spent.
+
+``[DONE]`` comes once the root has ended, every run of the tree has ended, and the orchestrator's ``status``
+event of each of those endings is on the stream and was sent: the orchestrator writes a run's record first
+and announces the change after, so a record that reads "ended" does not mean its event is stored yet, and a
+``[DONE]`` before it would leave the stream one event short of what a resume reads. An ending announced
+nowhere (its orchestrator replica died in between) holds ``[DONE]`` back for at most ``settle_s``.
 """
 
 from __future__ import annotations
@@ -23,9 +29,11 @@ from plexus.runtime import Runtime
 from ._runs import TERMINAL, RunsView, budget_view
 from ._tokens import TokenTap
 
-__all__ = ["ORCHESTRATOR_PREFIX", "event_name", "tree_events"]
+__all__ = ["ORCHESTRATOR_PREFIX", "ORCHESTRATOR_TYPE", "event_name", "tree_events"]
 
-ORCHESTRATOR_PREFIX = "orchestrator/"
+#: The agent type of the orchestrator's progress events (``orchestrator/<run>``: one key per run).
+ORCHESTRATOR_TYPE = "orchestrator"
+ORCHESTRATOR_PREFIX = f"{ORCHESTRATOR_TYPE}/"
 
 
 def event_name(progress: dict[str, Any]) -> str:
@@ -69,6 +77,8 @@ async def tree_events(
     last = last_event_id or 0
     # run_id -> (status, updated_at) last shown to this client
     seen: dict[str, tuple[Any, Any]] = seen_at_start if last_event_id is None else {}
+    # Runs whose ending's status event is on the stream (read here, or found there before a resume point).
+    announced: set[str] = set()
     sub = await rt.js.subscribe(subject, ordered_consumer=True, stream=stream, config=config)
     tap = TokenTap(rt)
     # Re-read the usage counters only after one of them moved (three JetStream reads per event otherwise).
@@ -88,19 +98,24 @@ async def tree_events(
         while True:
             if pending == 0:
                 root = await view.record(root_id) or root
-                if root.get("status") in TERMINAL and (
-                    (next_msg is not None and next_msg.done()) or await _pending(rt, sub) > 0
-                ):
+                if root.get("status") in TERMINAL and next_msg is not None and next_msg.done():
                     pending = 1  # the root ended but events of the tree are still on their way to us
                 elif root.get("status") in TERMINAL:
-                    # Children end just after their root (a cancel reaches them last): show their ends too,
-                    # waiting at most `settle_s` for a child that never reports (its worker died).
-                    async for event in _reconcile(view, root, seen, last, tap):
-                        yield event
-                    settled = all(status in TERMINAL for status, _ in seen.values())
-                    if settled or time.time() - float(root.get("updated_at") or 0.0) > settle_s:
-                        yield {"id": str(last), "data": "[DONE]"}
-                        return
+                    runs = await view.tree(root)
+                    # Looked up before `_pending` is asked: an ending stored by then is counted there.
+                    unannounced = await _unannounced(rt, stream, root_id, runs, announced)
+                    if await _pending(rt, sub) > 0:
+                        pending = 1
+                    else:
+                        # Children end just after their root (a cancel reaches them last): show their ends
+                        # too, waiting at most `settle_s` for a child that never reports (its worker died)
+                        # or an ending whose status event never comes.
+                        async for event in _reconcile(view, root, runs, seen, last, tap):
+                            yield event
+                        settled = not unannounced and all(status in TERMINAL for status, _ in seen.values())
+                        if settled or time.time() - float(root.get("updated_at") or 0.0) > settle_s:
+                            yield {"id": str(last), "data": "[DONE]"}
+                            return
             next_msg = next_msg or asyncio.ensure_future(sub.next_msg(timeout=poll_s))
             next_token = next_token or asyncio.ensure_future(tap.queue.get())
             await asyncio.wait({next_msg, next_token}, return_when=asyncio.FIRST_COMPLETED)
@@ -117,7 +132,7 @@ async def tree_events(
                 # Quiet for a while: compare the tree's records with what this client was shown, so a change
                 # that was never announced (the orchestrator's announcements are best effort) still shows.
                 pending = await _pending(rt, sub)
-                async for event in _reconcile(view, root, seen, last, tap):
+                async for event in _reconcile(view, root, await view.tree(root), seen, last, tap):
                     yield event
                 continue
             meta = msg.metadata
@@ -132,6 +147,8 @@ async def tree_events(
             name = event_name(progress)
             data: dict[str, Any] = {"progress": progress}
             run_id = str(progress.get("run_id", ""))
+            if name == "status" and _announces_ending(progress):
+                announced.add(run_id)
             # A run's record goes with its status changes and with the first event of a run this client has
             # not seen yet (a child announces itself by acting before any status of its own is shown).
             if name == "status" or run_id not in seen:
@@ -162,11 +179,15 @@ async def tree_events(
 
 
 async def _reconcile(
-    view: RunsView, root: dict[str, Any], seen: dict[str, tuple[Any, Any]], last: int, tap: TokenTap
+    view: RunsView,
+    root: dict[str, Any],
+    runs: list[dict[str, Any]],
+    seen: dict[str, tuple[Any, Any]],
+    last: int,
+    tap: TokenTap,
 ) -> AsyncIterator[dict[str, str]]:
-    """``status`` events (id = the last event's: they are state as of it) for runs whose record changed
-    since this client last saw it."""
-    runs = await view.tree(root)
+    """``status`` events (id = the last event's: they are state as of it) for the runs of ``runs`` (the
+    tree's records) whose record changed since this client last saw it."""
     changed = [r for r in runs if seen.get(str(r["run_id"])) != (r.get("status"), r.get("updated_at"))]
     if not changed:
         return
@@ -179,6 +200,36 @@ async def _reconcile(
             "status",
             {"run": record, "reconciled": True, "usage": usage, "budget": budget_view(root, usage)},
         )
+
+
+def _announces_ending(progress: dict[str, Any]) -> bool:
+    """Whether an orchestrator ``status`` event is the announcement of its run's ending."""
+    metadata = progress.get("metadata")
+    return isinstance(metadata, dict) and metadata.get("status") in TERMINAL
+
+
+async def _unannounced(
+    rt: Runtime, stream: str, root_id: str, runs: list[dict[str, Any]], announced: set[str]
+) -> list[str]:
+    """The ended runs of ``runs`` whose ending's status event is not on the stream yet.
+
+    Runs not in ``announced`` (a resumed stream started after their event, or it is still on its way) are
+    looked up on the stream: the last event of the run's orchestrator subject is its ending once stored."""
+    ended = [str(r["run_id"]) for r in runs if r.get("status") in TERMINAL]
+    unknown = [run_id for run_id in ended if run_id not in announced]
+    found = await asyncio.gather(*(_ending_stored(rt, stream, root_id, run_id) for run_id in unknown))
+    announced.update(run_id for run_id, stored in zip(unknown, found, strict=True) if stored)
+    return [run_id for run_id in ended if run_id not in announced]
+
+
+async def _ending_stored(rt: Runtime, stream: str, root_id: str, run_id: str) -> bool:
+    subject = rt.subjects.progress(root_id, ORCHESTRATOR_TYPE, run_id)
+    try:
+        msg = await rt.js.get_last_msg(stream, subject)
+        progress = json.loads(msg.data or b"")
+    except Exception:
+        return False  # not stored yet, or cannot tell now: asked again next round (`settle_s` bounds it)
+    return isinstance(progress, dict) and _announces_ending(progress)
 
 
 async def _pending(rt: Runtime, sub: Any) -> int:
