@@ -1,16 +1,13 @@
 """Loop overhead of `plexus.llm.LLMAgent` per model turn, against a fake OpenAI provider on loopback.
 
 ``uv run --no-sync python -m bench.llm_bench [--runs N]``: starts a nats-server, the fake provider in its own
-process (so its CPU is not counted), and an in-process worker. It measures, in rounds that take one of each
-(so the machine's slow and fast phases weigh on all of them alike), each followed by a 5 ms pause that lets
-what it left running end (its CPU counted with it):
+process (so its CPU is not counted), and an in-process worker. It measures, sequentially:
 
 - the bare SDK call: ``AsyncOpenAI.chat.completions.create(stream=True)`` with the very request bodies one
   Plexus run sends (recorded, then replayed: tools and conversation included) and reading every chunk (p50
   wall time, CPU per call);
 - a Plexus run of 2 model turns + 1 tool call (a message to an `LLMAgent`, journaled, budget consumed,
-  deltas and progress published), p50 wall time and CPU per run;
-- unless ``--no-orchestrator``, the same run started through the orchestrator (below).
+  deltas and progress published), p50 wall time and CPU per run.
 
 Overhead per turn = (run p50 - 2 x bare-call p50) / 2; CPU per turn = (run CPU - 2 x bare-call CPU) / 2.
 Both include the message's own request/reply through NATS, the new key's activation and its commit (EventLog
@@ -41,8 +38,6 @@ from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-#: The pause after each measured call or run (see `measured`).
-_SETTLE_S = 0.005
 
 
 async def _serve() -> None:
@@ -127,49 +122,47 @@ async def _measure(
             await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
             if len(bodies) != 2:
                 raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
-            budget = ExecutionBudget(max_tokens=10**12)
-
-            async def one(key: str) -> None:
-                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", key), timeout=30)
-
-            async def orchestrated_run(key: str) -> None:
-                run_id = await rt.start_run(AgentId("bench", key), [TextBlock(text="2+3?")], budget=budget)
-                await rt.run_result(run_id, timeout=30)
-
+            for _ in range(10):
+                for body in bodies:
+                    await bare(body)
             bare_wall: list[float] = []
+            cpu0 = time.process_time()
+            for _ in range(runs):
+                for body in bodies:
+                    t0 = time.perf_counter()
+                    await bare(body)
+                    bare_wall.append(time.perf_counter() - t0)
+            bare_cpu = (time.process_time() - cpu0) / (runs * 2)
+
+            async def one(i: int) -> None:
+                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
+
+            for i in range(20):
+                await one(i)
             run_wall: list[float] = []
-            orch_wall: list[float] = []
-            cpu = {"bare": 0.0, "run": 0.0}
-
-            async def measured(work: Any, walls: list[float], kind: str) -> None:
-                cpu0 = time.process_time()
+            cpu0 = time.process_time()
+            for i in range(runs):
                 t0 = time.perf_counter()
-                await work
-                walls.append(time.perf_counter() - t0)
-                # What the work leaves running (acks, the commit after the reply) ends before the next one
-                # starts, and its CPU counts here: each measurement starts on a settled process.
-                await asyncio.sleep(_SETTLE_S)
-                if kind in cpu:
-                    cpu[kind] += time.process_time() - cpu0
+                await one(1000 + i)
+                run_wall.append(time.perf_counter() - t0)
+            run_cpu = (time.process_time() - cpu0) / runs
+            orch_wall: list[float] = []
+            if orchestrated:
+                with _orchestrator(url):
+                    budget = ExecutionBudget(max_tokens=10**12)
 
-            # The three kinds of measurement alternate, one each per round, so the machine's slow and fast
-            # phases (they move a bare call by +-20 %) weigh on the baseline and on the runs alike.
-            with _orchestrator(url) if orchestrated else contextlib.nullcontext():
-                for i in range(20):
-                    for body in bodies:
-                        await bare(body)
-                    await one(f"k{i}")
-                    if orchestrated:
-                        await orchestrated_run(f"o{i}")
-                for i in range(runs):
-                    for body in bodies:
-                        await measured(bare(body), bare_wall, "bare")
-                    await measured(one(f"k{1000 + i}"), run_wall, "run")
-                    if orchestrated:
-                        await measured(orchestrated_run(f"o{1000 + i}"), orch_wall, "orchestrated")
-            bare_cpu, run_cpu = cpu["bare"], cpu["run"]
-            bare_cpu /= runs * 2
-            run_cpu /= runs
+                    async def orchestrated_run(i: int) -> None:
+                        run_id = await rt.start_run(
+                            AgentId("bench", f"o{i}"), [TextBlock(text="2+3?")], budget=budget
+                        )
+                        await rt.run_result(run_id, timeout=30)
+
+                    for i in range(20):
+                        await orchestrated_run(i)
+                    for i in range(runs):
+                        t0 = time.perf_counter()
+                        await orchestrated_run(1000 + i)
+                        orch_wall.append(time.perf_counter() - t0)
         finally:
             await rt.close()
             await worker.stop(drain_timeout=5)
