@@ -188,6 +188,26 @@ async def test_crossing_the_token_budget_fails_the_tree_and_broadcasts_the_error
     assert "budget_exceeded" in await decisions(rt, run_id)
 
 
+async def test_a_root_that_completes_over_its_budget_fails_on_it(replicas: StartReplica, rt: Runtime) -> None:
+    """The root's own report decides when it comes before the budget watcher's window ends (the root caught
+    its children's BudgetExhaustedError and returned): the tree fails on its budget either way."""
+    await replicas(budget_check_delay_s=60.0)  # the watcher stays out of it
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=100))
+    assert await incr(rt, run_id, "tokens", 150) == 150
+    record = await call(rt, "finished", FinishedReport(run_id=run_id, status="completed"), RunRecord)
+    assert record.status == RunStatus.FAILED
+    assert record.reason == "Token budget exceeded: 150 > 100"
+    assert record.error == BudgetExhaustedError("tokens", 150, 100).to_wire()
+    assert "budget_exceeded" in await decisions(rt, run_id)
+
+    within = await rt.start_run(
+        AgentId("echo", "k2"), [TextBlock(text="y")], budget=ExecutionBudget(max_tokens=100)
+    )
+    assert await incr(rt, within, "tokens", 100) == 100  # at the limit, not over it
+    record = await call(rt, "finished", FinishedReport(run_id=within, status="completed"), RunRecord)
+    assert record.status == RunStatus.COMPLETED
+
+
 async def test_cost_and_turn_budgets_are_enforced_too(orch: Orchestrator, rt: Runtime) -> None:
     cost_run = await rt.start_run(ECHO, [TextBlock(text="a")], budget=ExecutionBudget(max_cost_usd=0.5))
     await incr(rt, cost_run, "cost_micros", 600_000)

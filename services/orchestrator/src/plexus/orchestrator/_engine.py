@@ -329,6 +329,15 @@ class Engine(SpawnSupport):
         status = RunStatus(rep.status)
         if status == RunStatus.AWAITING_APPROVAL:
             return await self.awaiting(record, rep)
+        # A tree over its budget fails whoever notices first: the budget watcher (after its window) or this
+        # report, from a root that caught its children's BudgetExhaustedError and returned.
+        if (
+            status == RunStatus.COMPLETED
+            and record.parent_id is None
+            and record.budget
+            and await self.check_budget(run_id, record)
+        ):
+            return (await self.store.require_run(run_id))[0]
         if status == RunStatus.CANCELLED and deadline_caused(record, error):
             # The worker's deadline interceptor may report before the sweeper fails the tree: the outcome of
             # a missed deadline is one thing whoever reports first (FAILED, CancellationError("deadline")).
