@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from plexus.core import RunId, TextBlock
 from plexus.runtime import escape_token
@@ -318,6 +319,38 @@ async def test_many_concurrent_viewers_each_get_every_event(gw: Stack) -> None:
         assert events[-1].data == "[DONE]"
     usage_seen = [e.json()["usage"] for e in streams[0] if e.event == "status"]
     assert usage_seen, "status events carry the tree's usage"
+
+
+async def test_a_busy_tree_does_not_make_the_stream_read_its_root_per_event(gw: Stack) -> None:
+    """Between the root's status events a stream reads the root's record at most once per poll (0.5 s),
+    not after every event: a dashboard of a busy tree otherwise costs the cluster a read per event per viewer.
+    Counted on the server: every read of the root's record by anyone (KV get requests for its key)."""
+    cmd = json.dumps({"n": 300, "gap": 0.001})
+    run_id = str(RunId.new())
+    key = f"run.{escape_token(run_id)}"
+    reads: list[float] = []
+
+    async def on_get(msg: Any) -> None:
+        if key.encode() in msg.data or msg.subject.endswith(key):
+            reads.append(time.monotonic())
+
+    counter = await gw.rt.nc.subscribe("$JS.API.>", cb=on_get)
+    try:
+        started = time.monotonic()
+        await gw.client.post(
+            "/v1/runs", json={"agent_id": "ticker/busy", "input": text(cmd), "run_id": run_id}
+        )
+        events = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+        elapsed = time.monotonic() - started
+    finally:
+        await counter.unsubscribe()
+    ticks = [e for e in events if e.event == "progress"]
+    assert len(ticks) == 300
+    assert events[-1].data == "[DONE]"
+    # The orchestrator's and the worker's own reads of the record, the gateway's start of the stream and its
+    # reads at each status event and poll: a handful, against 300+ when every event read it.
+    statuses = sum(1 for e in events if e.event == "status")
+    assert len(reads) <= 20 + statuses + 2 * elapsed / 0.5, (len(reads), statuses, elapsed)
 
 
 async def test_tool_steps_arrive_as_tool_call_events(gw: Stack) -> None:

@@ -93,11 +93,16 @@ async def tree_events(
         await tap.watch(str(known.get("agent_id", "")), str(known["run_id"]))
     next_msg: asyncio.Task[Any] | None = None
     next_token: asyncio.Task[dict[str, Any]] | None = None
+    # When the root's record was last read: between its status events it is read again at most every
+    # `poll_s` (an ending never announced still shows), not after every event of a busy tree.
+    root_read_at = float("-inf")
     try:
         pending = await _pending(rt, sub)
         while True:
-            if pending == 0:
+            if pending == 0 and time.monotonic() - root_read_at >= poll_s:
                 root = await view.record(root_id) or root
+                root_read_at = time.monotonic()
+            if pending == 0:
                 if root.get("status") in TERMINAL and next_msg is not None and next_msg.done():
                     pending = 1  # the root ended but events of the tree are still on their way to us
                 elif root.get("status") in TERMINAL:
@@ -159,6 +164,7 @@ async def tree_events(
                     await tap.watch(str(record.get("agent_id", "")), run_id)
                 if run_id == root_id and record is not None:
                     root = record
+                    root_read_at = time.monotonic()
             if usage_moved.is_set() or name == "status":
                 usage_moved.clear()
                 usage = await view.usage(root)
