@@ -137,7 +137,13 @@ async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_afte
         try:
             successor = worker_process(APP, *FAST)
             # The successor takes the partition once the lease expires (3 s) and runs all six messages.
-            await asyncio.sleep(7)
+            # Resumed only after it has started one: on a loaded machine its start can take longer than the
+            # lease, and a worker resumed before anyone else took its partition rightly keeps its queue.
+            await until(
+                lambda: _true(any(m[0] == "started" and m[1] == successor.pid for m in marks)),
+                60,
+                "the successor took the partition",
+            )
         finally:
             resumed_at = time.monotonic()
             os.kill(stalled.pid, signal.SIGCONT)
@@ -147,8 +153,10 @@ async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_afte
         )  # time for the resumed worker to (wrongly) start queued work or finish its handler
 
     after = [m for m in marks if m[1] == stalled.pid and m[3] >= resumed_at]
-    assert [m for m in after if m[0] == "started" and m[2] not in started_before] == []
-    assert [m for m in after if m[0] == "done"] == []  # the stalled handler was stopped, not run to its end
+    assert [m for m in after if m[0] == "started" and m[2] not in started_before] == [], marks
+    assert [m for m in after if m[0] == "done"] == [], (
+        marks
+    )  # the stalled handler was stopped, not run to its end
     by_successor = {m[2] for m in marks if m[1] == successor.pid and m[0] == "done"}
     assert len(by_successor) == 6
     assert stalled.poll() is None  # and the resumed worker lives on
