@@ -26,6 +26,7 @@ from nats.js import api as js_api
 
 from plexus.runtime import Runtime
 
+from ._feed import TreeFeed
 from ._runs import TERMINAL, RunsView, budget_view
 from ._tokens import TokenTap
 
@@ -79,8 +80,9 @@ async def tree_events(
     seen: dict[str, tuple[Any, Any]] = seen_at_start if last_event_id is None else {}
     # Runs whose ending's status event is on the stream (read here, or found there before a resume point).
     announced: set[str] = set()
-    sub = await rt.js.subscribe(subject, ordered_consumer=True, stream=stream, config=config)
-    tap = TokenTap(rt)
+    feed = TreeFeed()
+    sub = await rt.js.subscribe(subject, ordered_consumer=True, stream=stream, config=config, cb=feed.deliver)
+    tap = TokenTap(rt, wake=feed.wake)
     # Re-read the usage counters only after one of them moved (three JetStream reads per event otherwise).
     usage_moved = asyncio.Event()
     usage_moved.set()
@@ -91,25 +93,25 @@ async def tree_events(
     counters = await rt.nc.subscribe(view.counters_subject(root), cb=on_increment)
     for known in runs_at_start:
         await tap.watch(str(known.get("agent_id", "")), str(known["run_id"]))
-    next_msg: asyncio.Task[Any] | None = None
-    next_token: asyncio.Task[dict[str, Any]] | None = None
+    # The quiet poll's clock: restarted by each durable event and each poll, not by token deltas.
+    idle_from = time.monotonic()
     # When the root's record was last read: between its status events it is read again at most every
     # `poll_s` (an ending never announced still shows), not after every event of a busy tree.
     root_read_at = float("-inf")
     try:
-        pending = await _pending(rt, sub)
+        pending = await _pending(rt, sub, feed)
         while True:
             if pending == 0 and time.monotonic() - root_read_at >= poll_s:
                 root = await view.record(root_id) or root
                 root_read_at = time.monotonic()
             if pending == 0:
-                if root.get("status") in TERMINAL and next_msg is not None and next_msg.done():
+                if root.get("status") in TERMINAL and feed.msgs:
                     pending = 1  # the root ended but events of the tree are still on their way to us
                 elif root.get("status") in TERMINAL:
                     runs = await view.tree(root)
                     # Looked up before `_pending` is asked: an ending stored by then is counted there.
                     unannounced = await _unannounced(rt, stream, root_id, runs, announced)
-                    if await _pending(rt, sub) > 0:
+                    if await _pending(rt, sub, feed) > 0:
                         pending = 1
                     else:
                         # Children end just after their root (a cancel reaches them last): show their ends
@@ -121,25 +123,23 @@ async def tree_events(
                         if settled or time.time() - float(root.get("updated_at") or 0.0) > settle_s:
                             yield {"id": str(last), "data": "[DONE]"}
                             return
-            next_msg = next_msg or asyncio.ensure_future(sub.next_msg(timeout=poll_s))
-            next_token = next_token or asyncio.ensure_future(tap.queue.get())
-            await asyncio.wait({next_msg, next_token}, return_when=asyncio.FIRST_COMPLETED)
-            if next_token.done():
-                token = next_token.result()
-                next_token = None
-                # Not durable: it carries the id of the last durable event and is not replayed on resume.
-                yield _sse(last, "token", token)
-                continue
-            done, next_msg = next_msg, None
-            try:
-                msg = done.result()
-            except TimeoutError:
+            nothing = not feed.msgs and tap.queue.empty()
+            if nothing and not await feed.wait(poll_s - (time.monotonic() - idle_from)):
                 # Quiet for a while: compare the tree's records with what this client was shown, so a change
                 # that was never announced (the orchestrator's announcements are best effort) still shows.
-                pending = await _pending(rt, sub)
+                idle_from = time.monotonic()
+                pending = await _pending(rt, sub, feed)
                 async for event in _reconcile(view, root, await view.tree(root), seen, last, tap):
                     yield event
                 continue
+            if not tap.queue.empty():
+                # Not durable: it carries the id of the last durable event and is not replayed on resume.
+                yield _sse(last, "token", tap.queue.get_nowait())
+                continue
+            if not feed.msgs:
+                continue
+            msg = feed.take()
+            idle_from = time.monotonic()
             meta = msg.metadata
             last = meta.sequence.stream
             pending = meta.num_pending
@@ -172,11 +172,6 @@ async def tree_events(
             data["budget"] = budget_view(root, usage)
             yield _sse(last, name, data)
     finally:
-        for task in (next_msg, next_token):
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError, Exception):
-                    await task
         await tap.close()
         with contextlib.suppress(Exception):
             await counters.unsubscribe()
@@ -238,8 +233,8 @@ async def _ending_stored(rt: Runtime, stream: str, root_id: str, run_id: str) ->
     return isinstance(progress, dict) and _announces_ending(progress)
 
 
-async def _pending(rt: Runtime, sub: Any) -> int:
-    """Messages of the tree not yet handed to us: still on the server, or received and queued here.
+async def _pending(rt: Runtime, sub: Any, feed: TreeFeed) -> int:
+    """Messages of the tree not yet sent: still on the server, or received and queued here.
 
     A quiet ``next_msg`` timeout proves nothing on a busy gateway, so before ``[DONE]`` we ask. The flush
     makes every message the server sent before it arrive first (one TCP stream), so none is in flight.
@@ -249,4 +244,4 @@ async def _pending(rt: Runtime, sub: Any) -> int:
         info = await sub.consumer_info()
     except Exception:
         return 1  # cannot tell: keep reading (a timeout brings us back here)
-    return int(info.num_pending or 0) + int(sub.pending_msgs)
+    return int(info.num_pending or 0) + int(sub.pending_msgs) + len(feed.msgs)

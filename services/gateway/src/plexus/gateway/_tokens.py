@@ -24,9 +24,11 @@ _BUFFER = 10_000
 
 
 class TokenTap:
-    def __init__(self, rt: Runtime) -> None:
+    def __init__(self, rt: Runtime, wake: asyncio.Event | None = None) -> None:
         self.rt = rt
         self.queue: asyncio.Queue[dict[str, Any]] = asyncio.Queue(maxsize=_BUFFER)
+        #: Set when a delta is queued (the stream's one wake-up for its events and deltas).
+        self.wake = wake
         self._subs: dict[str, Any] = {}
 
     async def watch(self, agent_id: str, run_id: str) -> None:
@@ -47,6 +49,8 @@ class TokenTap:
                 with contextlib.suppress(asyncio.QueueEmpty):
                     self.queue.get_nowait()
             self.queue.put_nowait({"agent_id": agent_id, "run_id": run_id, "delta": delta})
+            if self.wake is not None:
+                self.wake.set()
 
         self._subs[agent_id] = await self.rt.nc.subscribe(subject, cb=on_delta)
 
