@@ -236,7 +236,7 @@ async def _ending_stored(rt: Runtime, stream: str, root_id: str, run_id: str) ->
 async def _pending(rt: Runtime, sub: Any, feed: TreeFeed) -> int:
     """Messages of the tree not yet sent: still on the server, or received and queued here.
 
-    A quiet ``next_msg`` timeout proves nothing on a busy gateway, so before ``[DONE]`` we ask. The flush
+    A quiet poll proves nothing on a busy gateway, so before ``[DONE]`` we ask. The flush
     makes every message the server sent before it arrive first (one TCP stream), so none is in flight.
     """
     try:
