@@ -10,6 +10,7 @@ announcements, and only then is the tree's slot table cleared.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Any
@@ -18,6 +19,7 @@ import msgspec
 
 from plexus.core import (
     AgentCrashError,
+    AgentId,
     AgentStep,
     CancellationError,
     KernelError,
@@ -70,14 +72,13 @@ class Engine(SpawnSupport):
     async def start(self, req: StartRunRequest) -> StartRunReply:
         agent = v.parse_agent("start", "agent_id", req.agent_id)
         v.check_dispatchable("start", self.config.prefix, agent)
-        if self.hosts is not None:
-            await self.hosts.refuse_stateless(agent)
         payload = v.parse_payload("start", req.payload)
         budget, spawn_budget, retry = v.budgets("start", req.budget, req.spawn_budget, req.retry)
         priority = v.parse_priority("start", req.priority)
         session_id = v.parse_session("start", req.session_id)
         run_id = v.parse_run_id("start", "run_id", req.run_id) if req.run_id else str(RunId.new())
-        existing = await self.store.get_run(run_id)
+        # Two independent reads, one round trip: is the type orchestratable, and was this run started before.
+        existing = await self._start_reads(agent, run_id)
         if existing is not None:
             return await self._repeated_start(existing[0], str(agent))
         now = time.time()
@@ -106,6 +107,19 @@ class Engine(SpawnSupport):
         # What was just written is handed on, not read back: three round trips less per start.
         started = await self.dispatch(run_id, fresh=(record, revision, payload))
         return StartRunReply(run_id=run_id, status=started.status if started else record.status)
+
+    async def _start_reads(self, agent: AgentId, run_id: str) -> tuple[RunRecord, int] | None:
+        """The run as stored (None: new), once the agent's type is known not to be stateless."""
+        if self.hosts is None:
+            return await self.store.get_run(run_id)
+        refused, existing = await asyncio.gather(
+            self.hosts.refuse_stateless(agent), self.store.get_run(run_id), return_exceptions=True
+        )
+        for outcome in (refused, existing):  # the type's refusal first, as when the reads were serial
+            if isinstance(outcome, BaseException):
+                raise outcome
+        assert not isinstance(existing, BaseException)
+        return existing
 
     async def _repeated_start(self, record: RunRecord, agent: str) -> StartRunReply:
         if record.parent_id is not None or record.agent_id != agent:
