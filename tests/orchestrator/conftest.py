@@ -55,7 +55,8 @@ async def replicas(nats_server: NatsServer, rt: Runtime) -> AsyncIterator[StartR
     started: list[Orchestrator] = []
 
     async def start(**config: Any) -> Orchestrator:
-        orch = await Orchestrator.connect(nats_server.url, OrchestratorConfig(sweeper=FAST, **config))
+        config.setdefault("sweeper", FAST)
+        orch = await Orchestrator.connect(nats_server.url, OrchestratorConfig(**config))
         await orch.start()
         started.append(orch)
         await until_serving(rt.nc)

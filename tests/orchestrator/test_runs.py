@@ -21,7 +21,7 @@ from plexus.core import (
     RetryPolicy,
     TextBlock,
 )
-from plexus.orchestrator import ORCHESTRATOR_TYPE, Orchestrator, RunDecision
+from plexus.orchestrator import ORCHESTRATOR_TYPE, Orchestrator, RunDecision, SweeperConfig
 from plexus.runtime import Runtime
 from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.wire._envelope import blocks_from_payload, decode_envelope, payload_from_blocks
@@ -206,6 +206,49 @@ async def test_a_root_that_completes_over_its_budget_fails_on_it(replicas: Start
     assert await incr(rt, within, "tokens", 100) == 100  # at the limit, not over it
     record = await call(rt, "finished", FinishedReport(run_id=within, status="completed"), RunRecord)
     assert record.status == RunStatus.COMPLETED
+
+
+async def test_finishing_a_budgeted_root_reads_its_tree_and_totals_once(
+    replicas: StartReplica, rt: Runtime
+) -> None:
+    """The completion report checks the budget and records the final totals from one reading of the tree and
+    its counters (not once to check and again to end), and answers with the record it wrote (no read-back)."""
+    # The watcher and the sweeper stay out of it: every read counted below is the report's.
+    await replicas(budget_check_delay_s=60.0, sweeper=SweeperConfig(tick_s=60.0, budget_recheck_s=60.0))
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=1000))
+    assert await incr(rt, run_id, "tokens", 150) == 150
+    assert await incr(rt, run_id, "turns", 2) == 2
+    run_subject = f"$KV.plexus_runs.run.{escape_token(run_id)}".encode()
+    tree_subject = f"$KV.plexus_runs.{tree_key(escape_token(run_id))}".encode()
+    counters = budget_counter_subject("px", "default", escape_token(run_id), "").encode()
+    reads: list[str] = []
+
+    async def on_api(msg: object) -> None:
+        data = getattr(msg, "data", b"")
+        subject = getattr(msg, "subject", "")
+        if ".MSG.GET." not in subject and ".DIRECT.GET." not in subject:
+            return
+        if run_subject in data or subject.endswith(run_subject.decode()):
+            reads.append("run")
+        elif tree_subject in data or subject.endswith(tree_subject.decode()):
+            reads.append("tree")
+        elif counters in data:
+            reads.append("counter")
+
+    spy = await rt.nc.subscribe("$JS.API.>", cb=on_api)
+    try:
+        record = await call(rt, "finished", FinishedReport(run_id=run_id, status="completed"), RunRecord)
+        await rt.nc.flush()
+    finally:
+        await spy.unsubscribe()
+    assert record.status == RunStatus.COMPLETED
+    assert (record.usage.tokens, record.usage.turns) == (150, 2)  # the totals of that one reading
+    assert (await rt.get_run(run_id)).usage == record.usage
+    # The report's read of the run; the tree with every counter at once; the tree again after the root's
+    # write (close_tree must see children admitted meanwhile), whose revision then clears the slots.
+    assert reads.count("run") == 1, reads
+    assert reads.count("tree") == 2, reads
+    assert reads.count("counter") == 3, reads  # tokens, cost, turns: once each
 
 
 async def test_cost_and_turn_budgets_are_enforced_too(orch: Orchestrator, rt: Runtime) -> None:

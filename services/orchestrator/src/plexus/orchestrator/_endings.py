@@ -49,7 +49,7 @@ from ._store import RunStore
 if TYPE_CHECKING:
     from ._hosts import HostCheck
 
-__all__ = ["DEADLINE", "Ending", "EngineConfig", "EngineCore", "apply_ending", "tree_error"]
+__all__ = ["DEADLINE", "Ending", "EngineConfig", "EngineCore", "TreeReading", "apply_ending", "tree_error"]
 
 log = logging.getLogger("plexus.orchestrator")
 
@@ -61,6 +61,14 @@ class EngineConfig:
     prefix: str = "px"
     counters_stream: str = "PLEXUS_COUNTERS"
     events_stream: str = "PLEXUS_EVENTS"
+
+
+@dataclass(frozen=True, slots=True)
+class TreeReading:
+    """A root's tree record (with its revision; None when it has none) and the tree's budget totals."""
+
+    tree: tuple[TreeRecord, int] | None
+    usage: UsageTotals
 
 
 @dataclass(slots=True)
@@ -152,6 +160,21 @@ class EngineCore:
         return namespace_of(found[0].agent_id if found else record.agent_id)
 
     # -- tree-wide endings ----------------------------------------------------------------------------
+    async def read_tree(self, root: RunRecord, dimensions: Iterable[str] = DIMENSIONS) -> TreeReading:
+        """The root's tree record and the tree's totals (only ``dimensions``), in one round trip when the
+        tree's agents all report from the root's namespace (a second one when some report elsewhere)."""
+        found, usage = await asyncio.gather(
+            self.store.get_tree(root.run_id), self.usage(root, None, dimensions)
+        )
+        tree = found[0] if found else None
+        root_namespace = namespace_of(root.agent_id)
+        if tree is not None and (
+            any(ns != root_namespace for ns in tree.namespaces)
+            or any(namespace_of(slot.agent_id) != root_namespace for slot in tree.active.values())
+        ):
+            usage = await self.usage(root, tree, dimensions)
+        return TreeReading(found, usage)
+
     async def check_budget(self, root_id: str, known: RunRecord | None = None) -> bool:
         """Fail the tree if its counters are over its budget. ``known``: the root's record as the caller
         has it (a mirror may lag, but a root's parent and budget never change, and a stale status only
@@ -164,22 +187,12 @@ class EngineCore:
         root = known
         if root.parent_id is not None or root.status in TERMINAL or not root.budget:
             return False
-        dimensions = limited_dimensions(root.budget)
-        # The root's own namespace is read while the tree is: agents elsewhere are the exception.
-        found_tree, usage = await asyncio.gather(
-            self.store.get_tree(root_id), self.usage(root, None, dimensions)
-        )
-        tree = found_tree[0] if found_tree else None
-        root_namespace = namespace_of(root.agent_id)
-        if tree is not None and (
-            any(ns != root_namespace for ns in tree.namespaces)
-            or any(namespace_of(slot.agent_id) != root_namespace for slot in tree.active.values())
-        ):
-            usage = await self.usage(root, tree, dimensions)
-        error = budget_error(root.budget, usage)
+        reading = await self.read_tree(root, limited_dimensions(root.budget))
+        error = budget_error(root.budget, reading.usage)
         if error is None:
             return False
-        return await self.end_tree(root_id, Ending(RunStatus.FAILED, "budget_exceeded", error.to_wire()))
+        ending = Ending(RunStatus.FAILED, "budget_exceeded", error.to_wire())
+        return await self.end_tree(root_id, ending) is not None
 
     async def enforce_deadline(self, root_id: str) -> bool:
         found = await self.store.get_run(root_id)
@@ -188,27 +201,32 @@ class EngineCore:
         root = found[0]
         if root.status in TERMINAL or root.deadline is None or time.time() < root.deadline:
             return False
-        return await self.end_tree(root_id, deadline_ending())
+        return await self.end_tree(root_id, deadline_ending()) is not None
 
     async def end_tree(
-        self, root_id: str, ending: Ending, known: tuple[RunRecord, int] | None = None
-    ) -> bool:
-        """End the whole tree (root first, by CAS: exactly one caller wins); returns whether we won.
+        self,
+        root_id: str,
+        ending: Ending,
+        known: tuple[RunRecord, int] | None = None,
+        reading: TreeReading | None = None,
+    ) -> RunRecord | None:
+        """End the whole tree (root first, by CAS: exactly one caller wins); the root as we wrote it, or None
+        when another caller ended it first.
 
         ``known``: the root's record and revision as the caller just read them (not read again; a stale
-        one costs a CAS conflict and a re-read)."""
+        one costs a CAS conflict and a re-read). ``reading``: the tree and its totals (every dimension) as
+        the caller just read them: the totals the root keeps are those."""
         found = known or await self.store.get_run(root_id)
         if found is None or found[0].status in TERMINAL:
-            return False
-        tree = await self.store.get_tree(root_id)
-        ending.usage = await self.usage(found[0], tree[0] if tree else None)
+            return None
+        ending.usage = (reading or await self.read_tree(found[0])).usage
         changed = await self.store.update_run(root_id, lambda rec: apply_ending(rec, ending), known=found)
         if not changed.written:
-            return False
+            return None
         if metrics_enabled():
             _record_budget_use(changed.record, ending)
         await self.close_tree(changed.record, ending.decision)
-        return True
+        return changed.record
 
     async def close_tree(self, root: RunRecord, decision: str | None = None) -> None:
         """After the root ended: broadcast, end every still-active run like it, log, clear the slots.
@@ -246,7 +264,8 @@ class EngineCore:
                 Ending(RunStatus(root.status), decision, root.error, root.output, root.reason, root.usage),
             )
         if found is not None:
-            await self.store.update_tree(root.run_id, clear_slots)
+            # From the revision read above: a tree changed since costs one conflict and a re-read.
+            await self.store.update_tree(root.run_id, clear_slots, known=found)
 
     async def _log_ending(self, record: RunRecord, ending: Ending) -> None:
         entry: RunEvent

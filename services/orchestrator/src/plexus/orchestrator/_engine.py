@@ -49,9 +49,11 @@ from plexus.runtime.orchestration import (
 )
 
 from . import _validate as v
+from ._budget import budget_error
 from ._endings import (
     Ending,
     EngineConfig,
+    TreeReading,
     apply_ending,
     deadline_caused,
     deadline_ending,
@@ -343,15 +345,17 @@ class Engine(SpawnSupport):
         status = RunStatus(rep.status)
         if status == RunStatus.AWAITING_APPROVAL:
             return await self.awaiting(record, rep)
-        # A tree over its budget fails whoever notices first: the budget watcher (after its window) or this
-        # report, from a root that caught its children's BudgetExhaustedError and returned.
-        if (
-            status == RunStatus.COMPLETED
-            and record.parent_id is None
-            and record.budget
-            and await self.check_budget(run_id, record)
-        ):
-            return (await self.store.require_run(run_id))[0]
+        reading = None
+        if status == RunStatus.COMPLETED and record.parent_id is None and record.budget:
+            # A tree over its budget fails whoever notices first: the budget watcher (after its window) or
+            # this report, from a root that caught its children's BudgetExhaustedError and returned. Every
+            # dimension is read: the totals the ending below records are these (not read a second time).
+            reading = await self.read_tree(record)
+            error_now = budget_error(record.budget, reading.usage)
+            if error_now is not None:
+                over = Ending(RunStatus.FAILED, "budget_exceeded", error_now.to_wire())
+                ended = await self.end_tree(run_id, over, (record, revision), reading)
+                return ended if ended is not None else (await self.store.require_run(run_id))[0]
         if status == RunStatus.CANCELLED and deadline_caused(record, error):
             # The worker's deadline interceptor may report before the sweeper fails the tree: the outcome of
             # a missed deadline is one thing whoever reports first (FAILED, CancellationError("deadline")).
@@ -366,7 +370,7 @@ class Engine(SpawnSupport):
             RunStatus.GUARDRAIL_TRIPPED: "guardrail_tripped",
         }.get(status, "failed")
         ending = Ending(status, decision, error if status != RunStatus.COMPLETED else None, output)
-        return await self._end_run(record, ending, revision)
+        return await self._end_run(record, ending, revision, reading)
 
     async def crashed(self, rep: CrashReport) -> RunRecord:
         run_id = v.parse_run_id("crashed", "run_id", rep.run_id)
@@ -441,12 +445,20 @@ class Engine(SpawnSupport):
         if record.parent_id is not None and record.status in TERMINAL:
             await self.release_slots(record.root_id, [record.run_id])
 
-    async def _end_run(self, record: RunRecord, ending: Ending, revision: int | None = None) -> RunRecord:
-        """End one run; ``revision``: the one ``record`` was read at (its CAS then starts from it)."""
+    async def _end_run(
+        self,
+        record: RunRecord,
+        ending: Ending,
+        revision: int | None = None,
+        reading: TreeReading | None = None,
+    ) -> RunRecord:
+        """End one run; ``revision``: the one ``record`` was read at (its CAS then starts from it);
+        ``reading``: a root's tree and totals as just read (see `end_tree`)."""
         known = (record, revision) if revision is not None else None
         if record.parent_id is None:
-            await self.end_tree(record.run_id, ending, known)
-            return (await self.store.require_run(record.run_id))[0]
+            ended = await self.end_tree(record.run_id, ending, known, reading)
+            # Lost to another ending (a replica, the watcher): the stored record is theirs.
+            return ended if ended is not None else (await self.store.require_run(record.run_id))[0]
         changed = await self.store.update_run(
             record.run_id, lambda rec: apply_ending(rec, ending), known=known
         )

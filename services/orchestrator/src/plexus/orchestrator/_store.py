@@ -127,9 +127,15 @@ class RunStore:
     async def create_tree(self, tree: TreeRecord) -> int | None:
         return await self._create(tree_kv_key(tree.root_id), tree)
 
-    async def update_tree(self, root_id: str, mutate: Callable[[TreeRecord], bool]) -> Changed[TreeRecord]:
+    async def update_tree(
+        self,
+        root_id: str,
+        mutate: Callable[[TreeRecord], bool],
+        known: tuple[TreeRecord, int] | None = None,
+    ) -> Changed[TreeRecord]:
+        """`update_run` for the tree of ``root_id``."""
         return await self._update(
-            tree_kv_key(root_id), _TREE_DECODER, mutate, lambda: RunNotFoundError(root_id)
+            tree_kv_key(root_id), _TREE_DECODER, mutate, lambda: RunNotFoundError(root_id), known
         )
 
     # -- inputs ---------------------------------------------------------------------------------------
