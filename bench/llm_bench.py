@@ -1,9 +1,7 @@
 """Loop overhead of `plexus.llm.LLMAgent` per model turn, against a fake OpenAI provider on loopback.
 
 ``uv run --no-sync python -m bench.llm_bench [--runs N]``: starts a nats-server, the fake provider in its own
-process (so its CPU is not counted), and an in-process worker. It measures, in alternating blocks of 25 (so
-the baseline sees the same phases of this shared machine as the runs it is subtracted from; within a block the
-calls run back to back):
+process (so its CPU is not counted), and an in-process worker. It measures, sequentially:
 
 - the bare SDK call: ``AsyncOpenAI.chat.completions.create(stream=True)`` with the very request bodies one
   Plexus run sends (recorded, then replayed: tools and conversation included) and reading every chunk (p50
@@ -19,8 +17,7 @@ deltas, journal write and budget consume; the first also runs the tool step), an
 loop = (p50 of the iterations' sum per run - 2 x bare-call p50) / 2 — the peers' runs (in-process function
 calls) compare with this one. The same loop in orchestrated runs (``start_run`` with a token budget, the
 orchestrator on the same server): there every model call's ``ctx.usage()`` is a counter increment on the
-server, the budget consume the issue's goal includes (compared with bare calls interleaved with those runs);
-``--no-orchestrator`` skips it.
+server, the budget consume the issue's goal includes; ``--no-orchestrator`` skips it.
 ``--no-journal`` measures the loop without its journal writes. Prints a
 table and one ``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
 """
@@ -35,8 +32,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -58,7 +54,7 @@ async def _serve() -> None:
 
 
 async def _measure(
-    base_url: str, runs: int, journal: bool, nats_url: str | None, with_orchestrator: bool = True
+    base_url: str, runs: int, journal: bool, nats_url: str | None, orchestrated: bool = True
 ) -> dict[str, float]:
     import openai
 
@@ -129,15 +125,29 @@ async def _measure(
             for _ in range(10):
                 for body in bodies:
                     await bare(body)
+            bare_wall: list[float] = []
+            cpu0 = time.process_time()
+            for _ in range(runs):
+                for body in bodies:
+                    t0 = time.perf_counter()
+                    await bare(body)
+                    bare_wall.append(time.perf_counter() - t0)
+            bare_cpu = (time.process_time() - cpu0) / (runs * 2)
 
             async def one(i: int) -> None:
                 await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
 
             for i in range(20):
                 await one(i)
-            plain = await _interleaved(runs, bodies, bare, lambda i: one(1000 + i))
-            orchestrated: _Samples | None = None
-            if with_orchestrator:
+            run_wall: list[float] = []
+            cpu0 = time.process_time()
+            for i in range(runs):
+                t0 = time.perf_counter()
+                await one(1000 + i)
+                run_wall.append(time.perf_counter() - t0)
+            run_cpu = (time.process_time() - cpu0) / runs
+            orch_wall: list[float] = []
+            if orchestrated:
                 with _orchestrator(url):
                     budget = ExecutionBudget(max_tokens=10**12)
 
@@ -149,9 +159,10 @@ async def _measure(
 
                     for i in range(20):
                         await orchestrated_run(i)
-                    orchestrated = await _interleaved(
-                        runs, bodies, bare, lambda i: orchestrated_run(1000 + i)
-                    )
+                    for i in range(runs):
+                        t0 = time.perf_counter()
+                        await orchestrated_run(1000 + i)
+                        orch_wall.append(time.perf_counter() - t0)
         finally:
             await rt.close()
             await worker.stop(drain_timeout=5)
@@ -159,10 +170,8 @@ async def _measure(
     finally:
         if server is not None:
             server.stop()
-    bare_p50 = statistics.median(plain.bare_wall)
-    bare_cpu = statistics.fmean(plain.bare_cpu)
-    run_p50 = statistics.median(plain.run_wall)
-    run_cpu = statistics.fmean(plain.run_cpu)
+    bare_p50 = statistics.median(bare_wall)
+    run_p50 = statistics.median(run_wall)
     loop_p50 = statistics.median(iteration_times[f"k{1000 + i}"] for i in range(runs))
     metrics = {
         "llm.bare_call.p50_ms": bare_p50 * 1e3,
@@ -173,56 +182,13 @@ async def _measure(
         "llm.loop_overhead_per_turn.p50_ms": (loop_p50 - 2 * bare_p50) / 2 * 1e3,
         "llm.cpu_per_turn_ms": (run_cpu - 2 * bare_cpu) / 2 * 1e3,
     }
-    if orchestrated is not None:
-        # Against the bare calls interleaved with the orchestrated runs (same phase of the machine).
-        o_bare = statistics.median(orchestrated.bare_wall)
-        o_loop = statistics.median(iteration_times[f"o{1000 + i}"] for i in range(runs))
+    if orch_wall:
+        orch_loop = statistics.median(iteration_times[f"o{1000 + i}"] for i in range(runs))
         metrics["llm.orchestrated.overhead_per_turn.p50_ms"] = (
-            (statistics.median(orchestrated.run_wall) - 2 * o_bare) / 2 * 1e3
+            (statistics.median(orch_wall) - 2 * bare_p50) / 2 * 1e3
         )
-        metrics["llm.orchestrated.loop_overhead_per_turn.p50_ms"] = (o_loop - 2 * o_bare) / 2 * 1e3
+        metrics["llm.orchestrated.loop_overhead_per_turn.p50_ms"] = (orch_loop - 2 * bare_p50) / 2 * 1e3
     return metrics
-
-
-@dataclass
-class _Samples:
-    """Wall and CPU seconds of the bare calls (one entry per call) and of the runs measured with them."""
-
-    bare_wall: list[float] = field(default_factory=list)
-    bare_cpu: list[float] = field(default_factory=list)
-    run_wall: list[float] = field(default_factory=list)
-    run_cpu: list[float] = field(default_factory=list)
-
-
-#: Rounds per block: long enough that nearly every sample runs back to back with its kind (as a bare call in a
-#: loop, or as a user's runs do), short enough that blocks alternate many times over the measurement.
-_BLOCK = 25
-
-
-async def _interleaved(
-    runs: int,
-    bodies: list[dict[str, Any]],
-    bare: Callable[[dict[str, Any]], Awaitable[None]],
-    run: Callable[[int], Awaitable[None]],
-) -> _Samples:
-    """``runs`` bare-call pairs and ``runs`` Plexus runs, in alternating blocks of `_BLOCK`: the baseline is
-    measured in the same minutes as what it is subtracted from, so a phase of this shared machine (the bare
-    call ranged 3.3-6 ms between phases) moves both alike instead of showing up as overhead, or hiding it."""
-    samples = _Samples()
-    for start in range(0, runs, _BLOCK):
-        block = range(start, min(start + _BLOCK, runs))
-        for _ in block:
-            for body in bodies:
-                c0, t0 = time.process_time(), time.perf_counter()
-                await bare(body)
-                samples.bare_wall.append(time.perf_counter() - t0)
-                samples.bare_cpu.append(time.process_time() - c0)
-        for i in block:
-            c0, t0 = time.process_time(), time.perf_counter()
-            await run(i)
-            samples.run_wall.append(time.perf_counter() - t0)
-            samples.run_cpu.append(time.process_time() - c0)
-    return samples
 
 
 @contextlib.contextmanager
