@@ -251,6 +251,34 @@ async def test_finishing_a_budgeted_root_reads_its_tree_and_totals_once(
     assert reads.count("counter") == 3, reads  # tokens, cost, turns: once each
 
 
+async def test_a_counter_moving_after_its_tree_ended_costs_no_read(
+    replicas: StartReplica, rt: Runtime
+) -> None:
+    """The budget watcher's check comes `budget_check_delay_s` after a move; a short run has ended by then,
+    and the index knows it: no read of the root to find that out (one per run before)."""
+    await replicas(budget_check_delay_s=0.05, sweeper=SweeperConfig(tick_s=60.0, budget_recheck_s=60.0))
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=1000))
+    record = await call(rt, "finished", FinishedReport(run_id=run_id, status="completed"), RunRecord)
+    assert record.status == RunStatus.COMPLETED
+    run_subject = f"$KV.plexus_runs.run.{escape_token(run_id)}".encode()
+    reads: list[bytes] = []
+
+    async def on_api(msg: object) -> None:
+        if ".GET." in getattr(msg, "subject", "") and run_subject in getattr(msg, "data", b""):
+            reads.append(getattr(msg, "data", b""))
+
+    spy = await rt.nc.subscribe("$JS.API.>", cb=on_api)
+    try:
+        await asyncio.sleep(0.2)  # the index has seen the run end
+        assert await incr(rt, run_id, "tokens", 5000) == 5000  # over the budget, but the tree has ended
+        await asyncio.sleep(0.3)  # past the watcher's delay
+        await rt.nc.flush()
+    finally:
+        await spy.unsubscribe()
+    assert reads == []
+    assert (await rt.get_run(run_id)).status == RunStatus.COMPLETED  # an ended tree stays as it ended
+
+
 async def test_cost_and_turn_budgets_are_enforced_too(orch: Orchestrator, rt: Runtime) -> None:
     cost_run = await rt.start_run(ECHO, [TextBlock(text="a")], budget=ExecutionBudget(max_cost_usd=0.5))
     await incr(rt, cost_run, "cost_micros", 600_000)

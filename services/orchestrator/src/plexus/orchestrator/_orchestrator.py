@@ -166,6 +166,8 @@ class Orchestrator:
         known = self.index.runs.get(root_id)
         if known is not None and (known.parent_id is not None or not known.budget):
             return  # a live tree without a budget: nothing to compare (unknown ones are read from the KV)
+        if known is None and root_id in self.index.ended:
+            return  # ended before its counters' last moves were checked (a short run): nothing to stop
         await self.engine.check_budget(root_id, known)
 
     async def stop(self) -> None:

@@ -14,6 +14,7 @@ import contextlib
 import heapq
 import logging
 import time
+from collections import OrderedDict
 from typing import Any
 
 from nats.js.kv import KeyValue
@@ -35,6 +36,10 @@ log = logging.getLogger("plexus.orchestrator")
 _DELETE_OPS = ("DEL", "PURGE")
 
 
+#: How many ended runs `RunIndex.ended` remembers.
+ENDED_MEMORY = 10_000
+
+
 class RunIndex:
     """Non-terminal runs and slot-holding trees, kept current from a KV watch of the runs bucket."""
 
@@ -46,6 +51,9 @@ class RunIndex:
         self.retries: list[tuple[float, str]] = []  # heap of (retry_at, run id)
         # What the heaps hold, so the many updates of one run do not push it again and again.
         self._scheduled: set[tuple[str, float, str]] = set()
+        #: Runs last seen terminal (the newest `ENDED_MEMORY`): a terminal status is final, so a budget
+        #: counter that moves after its tree ended (a watcher's delayed check) needs no read to know it.
+        self.ended: OrderedDict[str, None] = OrderedDict()
         self.ready = asyncio.Event()
         self._watchers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -93,6 +101,9 @@ class RunIndex:
             record = decode_run(value)
             if record.status in TERMINAL:
                 self.runs.pop(record.run_id, None)
+                self.ended[record.run_id] = None
+                if len(self.ended) > ENDED_MEMORY:
+                    self.ended.popitem(last=False)
                 return
             self.runs[record.run_id] = record
             if record.parent_id is None and record.deadline is not None:
