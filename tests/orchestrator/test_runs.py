@@ -32,6 +32,7 @@ from plexus.runtime.wire._orchestration import (
     RunStatus,
     SpawnReply,
     SpawnRequest,
+    TreeRecord,
     budget_counter_subject,
     tree_key,
 )
@@ -249,6 +250,9 @@ async def test_finishing_a_budgeted_root_reads_its_tree_and_totals_once(
     assert reads.count("run") == 1, reads
     assert reads.count("tree") == 2, reads
     assert reads.count("counter") == 3, reads  # tokens, cost, turns: once each
+    tree = await rt.topology.runs.get(tree_key(escape_token(run_id)))
+    assert tree.value is not None
+    assert msgspec.json.decode(tree.value, type=TreeRecord).active == {}  # its slot is freed
 
 
 async def test_a_counter_moving_after_its_tree_ended_costs_no_read(
@@ -256,10 +260,25 @@ async def test_a_counter_moving_after_its_tree_ended_costs_no_read(
 ) -> None:
     """The budget watcher's check comes `budget_check_delay_s` after a move; a short run has ended by then,
     and the index knows it: no read of the root to find that out (one per run before)."""
-    await replicas(budget_check_delay_s=0.05, sweeper=SweeperConfig(tick_s=60.0, budget_recheck_s=60.0))
+    orch = await replicas(
+        budget_check_delay_s=0.05, sweeper=SweeperConfig(tick_s=60.0, budget_recheck_s=60.0)
+    )
+    assert orch.index is not None
+    assert orch.watcher is not None
     run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=1000))
     record = await call(rt, "finished", FinishedReport(run_id=run_id, status="completed"), RunRecord)
     assert record.status == RunStatus.COMPLETED
+    checked: list[str] = []
+    check, done = orch.watcher.check, asyncio.Event()
+
+    async def counted(root_id: str) -> object:
+        checked.append(root_id)
+        try:
+            return await check(root_id)
+        finally:
+            done.set()
+
+    orch.watcher.check = counted
     run_subject = f"$KV.plexus_runs.run.{escape_token(run_id)}".encode()
     reads: list[bytes] = []
 
@@ -269,12 +288,17 @@ async def test_a_counter_moving_after_its_tree_ended_costs_no_read(
 
     spy = await rt.nc.subscribe("$JS.API.>", cb=on_api)
     try:
-        await asyncio.sleep(0.2)  # the index has seen the run end
+        for _ in range(500):  # until the index has seen the run end
+            if run_id in orch.index.ended:
+                break
+            await asyncio.sleep(0.01)
+        assert run_id in orch.index.ended
         assert await incr(rt, run_id, "tokens", 5000) == 5000  # over the budget, but the tree has ended
-        await asyncio.sleep(0.3)  # past the watcher's delay
+        await asyncio.wait_for(done.wait(), 5)  # the watcher's check ran, and is over
         await rt.nc.flush()
     finally:
         await spy.unsubscribe()
+    assert checked == [run_id]
     assert reads == []
     assert (await rt.get_run(run_id)).status == RunStatus.COMPLETED  # an ended tree stays as it ended
 

@@ -65,10 +65,10 @@ class EngineConfig:
 
 @dataclass(frozen=True, slots=True)
 class TreeReading:
-    """A root's tree record (with its revision; None when it has none) and the tree's budget totals."""
+    """A tree's budget totals, as read (only ``dimensions``: the others are 0, not unknown)."""
 
-    tree: tuple[TreeRecord, int] | None
     usage: UsageTotals
+    dimensions: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -161,8 +161,9 @@ class EngineCore:
 
     # -- tree-wide endings ----------------------------------------------------------------------------
     async def read_tree(self, root: RunRecord, dimensions: Iterable[str] = DIMENSIONS) -> TreeReading:
-        """The root's tree record and the tree's totals (only ``dimensions``), in one round trip when the
-        tree's agents all report from the root's namespace (a second one when some report elsewhere)."""
+        """The tree's totals (only ``dimensions``), read with its record (which names the namespaces its
+        agents report from): one round trip when they all report from the root's, two otherwise."""
+        dimensions = tuple(dimensions)
         found, usage = await asyncio.gather(
             self.store.get_tree(root.run_id), self.usage(root, None, dimensions)
         )
@@ -173,7 +174,7 @@ class EngineCore:
             or any(namespace_of(slot.agent_id) != root_namespace for slot in tree.active.values())
         ):
             usage = await self.usage(root, tree, dimensions)
-        return TreeReading(found, usage)
+        return TreeReading(usage, dimensions)
 
     async def check_budget(self, root_id: str, known: RunRecord | None = None) -> bool:
         """Fail the tree if its counters are over its budget. ``known``: the root's record as the caller
@@ -214,8 +215,11 @@ class EngineCore:
         when another caller ended it first.
 
         ``known``: the root's record and revision as the caller just read them (not read again; a stale
-        one costs a CAS conflict and a re-read). ``reading``: the tree and its totals (every dimension) as
-        the caller just read them: the totals the root keeps are those."""
+        one costs a CAS conflict and a re-read). ``reading``: the tree's totals as the caller just read them
+        (`read_tree` of every dimension): the totals the root keeps are those. The tree record itself is
+        read again after the root's write, so children admitted meanwhile end too."""
+        if reading is not None and set(reading.dimensions) != set(DIMENSIONS):
+            raise ValueError(f"an ending records every dimension; read were only {reading.dimensions}")
         found = known or await self.store.get_run(root_id)
         if found is None or found[0].status in TERMINAL:
             return None
@@ -264,8 +268,9 @@ class EngineCore:
                 Ending(RunStatus(root.status), decision, root.error, root.output, root.reason, root.usage),
             )
         if found is not None:
-            # From the revision read above: a tree changed since costs one conflict and a re-read.
-            await self.store.update_tree(root.run_id, clear_slots, known=found)
+            # From the revision read above when the root held the only slot; with children, their reports
+            # (to the cancel above) free slots meanwhile, so a fresh read beats a likely conflict.
+            await self.store.update_tree(root.run_id, clear_slots, known=None if others else found)
 
     async def _log_ending(self, record: RunRecord, ending: Ending) -> None:
         entry: RunEvent

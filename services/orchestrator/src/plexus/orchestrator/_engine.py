@@ -453,7 +453,7 @@ class Engine(SpawnSupport):
         reading: TreeReading | None = None,
     ) -> RunRecord:
         """End one run; ``revision``: the one ``record`` was read at (its CAS then starts from it);
-        ``reading``: a root's tree and totals as just read (see `end_tree`)."""
+        ``reading``: a root's totals as just read (see `end_tree`)."""
         known = (record, revision) if revision is not None else None
         if record.parent_id is None:
             ended = await self.end_tree(record.run_id, ending, known, reading)

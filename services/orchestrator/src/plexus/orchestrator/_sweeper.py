@@ -36,12 +36,13 @@ log = logging.getLogger("plexus.orchestrator")
 _DELETE_OPS = ("DEL", "PURGE")
 
 
-#: How many ended runs `RunIndex.ended` remembers.
+#: How many ended roots `RunIndex.ended` remembers.
 ENDED_MEMORY = 10_000
 
 
 class RunIndex:
-    """Non-terminal runs and slot-holding trees, kept current from a KV watch of the runs bucket."""
+    """Non-terminal runs and slot-holding trees, kept current from a KV watch of the runs bucket, and the ids
+    of the roots seen ended most recently."""
 
     def __init__(self, kv: KeyValue) -> None:
         self.kv = kv
@@ -51,7 +52,7 @@ class RunIndex:
         self.retries: list[tuple[float, str]] = []  # heap of (retry_at, run id)
         # What the heaps hold, so the many updates of one run do not push it again and again.
         self._scheduled: set[tuple[str, float, str]] = set()
-        #: Runs last seen terminal (the newest `ENDED_MEMORY`): a terminal status is final, so a budget
+        #: Roots last seen terminal (the newest `ENDED_MEMORY`): a terminal status is final, so a budget
         #: counter that moves after its tree ended (a watcher's delayed check) needs no read to know it.
         self.ended: OrderedDict[str, None] = OrderedDict()
         self.ready = asyncio.Event()
@@ -101,9 +102,10 @@ class RunIndex:
             record = decode_run(value)
             if record.status in TERMINAL:
                 self.runs.pop(record.run_id, None)
-                self.ended[record.run_id] = None
-                if len(self.ended) > ENDED_MEMORY:
-                    self.ended.popitem(last=False)
+                if record.parent_id is None:  # budgets are the roots': only their ids are looked up
+                    self.ended[record.run_id] = None
+                    if len(self.ended) > ENDED_MEMORY:
+                        self.ended.popitem(last=False)
                 return
             self.runs[record.run_id] = record
             if record.parent_id is None and record.deadline is not None:
