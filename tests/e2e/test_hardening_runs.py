@@ -111,22 +111,35 @@ async def progress_marks(rt: Runtime) -> AsyncIterator[list[tuple[str, int, str,
         await sub.unsubscribe()
 
 
+@pytest.mark.parametrize(
+    "handler_due_before_resume", [False, True], ids=["stopped-on-resume", "fenced-effect"]
+)
 async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_after_resuming(
-    runtime: Runtime, worker_process: WorkerProcess
+    runtime: Runtime, worker_process: WorkerProcess, handler_due_before_resume: bool
 ) -> None:
     """Item 11: a worker stopped (SIGSTOP) past its lease TTL and resumed started the messages it had
     queued, already handled by the partition's new owner, on stale activations (side effects twice), and
-    let the handler that was running when it stalled run to its end."""
+    let the handler that was running when it stalled run to its end.
+
+    `fenced-effect`: the stall outlasts the handler's sleep, so the handler's timer is due the moment the
+    process resumes, before any renewal could answer that the lease is gone. Its next effect (the "done"
+    progress event) must still not happen: an effect of a handler whose lease is not certainly fresh waits
+    for the store's answer. (Before that gate, this case failed in CI whenever the successor was slow to
+    start.)"""
     rt = runtime
     stalled = worker_process(APP, *FAST)
     await serving_types(rt, "effect")
     key = "stall"
+    handler_s = 4.0 if handler_due_before_resume else 8.0
     async with progress_marks(rt) as marks:
         # One long handler running, five queued behind it on the same key.
         sends = [
-            asyncio.create_task(rt.send_message([TextBlock(text="8")], AgentId("effect", key), timeout=60))
+            asyncio.create_task(
+                rt.send_message([TextBlock(text=str(handler_s))], AgentId("effect", key), timeout=60)
+            )
         ]
         await until(lambda: _true(any(m[0] == "started" for m in marks)), 20, "first handler started")
+        handler_due = next(m[3] for m in marks if m[0] == "started") + handler_s
         sends += [
             asyncio.create_task(rt.send_message([TextBlock(text="0")], AgentId("effect", key), timeout=60))
             for _ in range(5)
@@ -144,9 +157,12 @@ async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_afte
                 60,
                 "the successor took the partition",
             )
+            if handler_due_before_resume:
+                await asyncio.sleep(max(0.0, handler_due + 0.5 - time.monotonic()))
         finally:
             resumed_at = time.monotonic()
             os.kill(stalled.pid, signal.SIGCONT)
+        assert resumed_at > handler_due or not handler_due_before_resume
         await asyncio.gather(*sends)
         await asyncio.sleep(
             3

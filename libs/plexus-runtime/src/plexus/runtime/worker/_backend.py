@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -60,6 +60,13 @@ __all__ = ["WorkerBackend"]
 #: Every this many progress events of one handler, emitting one yields to the event loop (see below).
 _PROGRESS_BURST = 8
 
+#: Before a handler's effect: None when it may act now, else what to await first (it raises to stop it).
+LeaseGate = Callable[[Context], Awaitable[None] | None]
+
+
+def _open(ctx: Context) -> None:
+    return None
+
 
 class WorkerBackend:
     """What a worker's handlers do through their `Context`, given the worker's parts (never the worker): the
@@ -73,8 +80,12 @@ class WorkerBackend:
         orchestrator: OrchestratorClient,
         activations: ActivationTable,
         supervisor: Supervisor | None = None,
+        gate: LeaseGate = _open,
     ) -> None:
         self.connection = connection
+        #: Every effect of a handler (send, publish, progress, stream, usage, spawn, checkpoint) passes it
+        #: first: a worker that stalled past its partition's lease must not act for the partition's new owner.
+        self._gate = gate
         self.calls = calls
         self.orchestrator = orchestrator
         self.activations = activations
@@ -128,6 +139,8 @@ class WorkerBackend:
     ) -> list[BaseBlock]:
         if timeout_s <= 0:
             raise ValueError(f"timeout must be positive, got {timeout_s}")
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         inp = SendInput(
             blocks=list(blocks),
             recipient=recipient,
@@ -141,6 +154,8 @@ class WorkerBackend:
         return result
 
     async def publish_from(self, ctx: Context, blocks: Sequence[BaseBlock], topic: TopicId) -> None:
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         inp = PublishInput(
             blocks=list(blocks),
             topic=topic,
@@ -154,6 +169,8 @@ class WorkerBackend:
     async def progress_from(
         self, ctx: Context, step: AgentStep, content: Sequence[BaseBlock], metadata: Mapping[str, Any]
     ) -> None:
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         await self._progress(ProgressInput(ctx=ctx, step=step, content=list(content), metadata=metadata))
 
     async def _progress_terminal(self, inp: ProgressInput) -> None:
@@ -189,11 +206,15 @@ class WorkerBackend:
             await asyncio.sleep(0)
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         agent_id = ctx.agent_id
         subject = self.connection.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key)
         await self.connection.nc.publish(subject, delta_event_json(text, reasoning=reasoning))
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         call = self._usage_metered if metrics_enabled() else self._usage
         await call(UsageInput(ctx=ctx, usage=usage, turns=turns))
 
@@ -211,6 +232,8 @@ class WorkerBackend:
         priority: int | None,
         timeout_s: float,
     ) -> list[BaseBlock]:
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         inp = SpawnInput(ctx=ctx, child=child, blocks=list(blocks), priority=priority, timeout_s=timeout_s)
         result: list[BaseBlock] = await self._spawn(inp)
         return result
@@ -287,6 +310,8 @@ class WorkerBackend:
         activation.agent.load_state(msgspec.json.decode(activation.saved_state))
 
     async def checkpoint_from(self, ctx: Context) -> None:
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         activation = self._activation(ctx)
         if activation.agent_type.durable:
             # Fenced like a commit: a zombie fails this append before its checkpoint could replace the base

@@ -220,6 +220,8 @@ class PartitionOwner:
         #: handover releasing with the revision it held while a renewal of that lease was in flight failed
         #: the compare-and-swap and left the lease to block the next owner until it expired.
         self._lease_writes = asyncio.Lock()
+        #: The renewal round `confirm` started, shared by the handlers that asked meanwhile.
+        self._confirming: asyncio.Future[None] | None = None
         self.draining = False
 
     def _lease_key(self, p: int) -> str:
@@ -243,6 +245,27 @@ class PartitionOwner:
     def may_start(self, p: int) -> bool:
         """Whether a message of partition `p` may start now: served here and the lease surely still ours."""
         return self.serves(p) and time.monotonic() < self.fresh_until.get(p, 0.0)
+
+    async def confirm(self, p: int) -> bool:
+        """Whether partition `p`'s lease is ours, asking the store when it is not certainly fresh.
+
+        A handler's effects (progress, sends, spawns, …) call this when `may_start` says no: the process may
+        have stalled past its lease (SIGSTOP, a frozen VM) with its handler in the middle of its work. A
+        renewal settles it: renewed, the handler goes on; gone (or no answer), it must stop. Callers at the
+        same time share one renewal round."""
+        if self.may_start(p):
+            return True
+        if not self.serves(p):
+            return False
+        if self._confirming is None or self._confirming.done():
+            self._confirming = asyncio.ensure_future(self._renew_all())
+        with contextlib.suppress(Exception):
+            await asyncio.shield(self._confirming)
+        return self.may_start(p)
+
+    async def _renew_all(self) -> None:
+        await self.renew_held()
+        await self._finish_handovers()  # renews the handed-over leases whose work still runs
 
     async def _renew(self, p: int, lease: Lease) -> Lease | None:
         started = time.monotonic()

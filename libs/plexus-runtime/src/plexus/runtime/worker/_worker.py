@@ -15,7 +15,7 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import msgspec
@@ -122,6 +122,7 @@ class Worker(Upkeep):
             self.orchestrator,
             self._activations,
             ClusterSupervisor(connection, self.control, self.orchestrator),
+            self._lease_gate,
         )
         self._chains = HandleChains(
             self.control, self.orchestrator, self._backend.reload, app.interceptors, self._invoke
@@ -311,6 +312,23 @@ class Worker(Upkeep):
         if owner is None or work.partition is None:
             return True
         return not work.lease_lost and owner.may_start(work.partition)
+
+    def _lease_gate(self, ctx: Context) -> Awaitable[None] | None:
+        """None while `ctx`'s handler may act (not durable work, or its lease certainly ours), else the
+        question to the store (`_confirm_lease`)."""
+        work = self._starting.get(id(ctx))
+        if work is None or self._may_start(work):
+            return None
+        return self._confirm_lease(work)
+
+    async def _confirm_lease(self, work: _Work) -> None:
+        owner = self._owners.get(work.agent_type.name)
+        p = work.partition
+        if not work.lease_lost and owner is not None and p is not None and await owner.confirm(p):
+            return
+        # Lost (or no answer): the new owner runs the message; this handler acts no more, commits nothing.
+        work.lease_lost = True
+        raise LeaseLost(f"{work.agent_id}: the lease on its partition ({p}) is no longer certainly ours")
 
     def _holds_partition(self, work: _Work) -> bool:
         """Whether this worker still owns `work`'s partition (False for core NATS work)."""
