@@ -60,6 +60,18 @@ class Effect(Agent):
         return [TextBlock(text=mark)]
 
 
+@app.agent(
+    "quiet-effect",
+    description="reports its start (started), sleeps as its input says, then returns (no Context call)",
+)
+class QuietEffect(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        mark = f"{os.getpid()}:{ctx.message_id}"
+        await ctx.emit_progress("started", [TextBlock(text=mark)])
+        await asyncio.sleep(float(_text(blocks) or "0"))
+        return [TextBlock(text=mark)]
+
+
 @app.agent("conn-killer", description="makes nats-server close its own worker's connection for good")
 class ConnectionKiller(Agent):
     """Publishes on the worker's own connection to a 5,000-character subject, exactly what the worker did

@@ -100,7 +100,7 @@ async def progress_marks(rt: Runtime) -> AsyncIterator[list[tuple[str, int, str,
 
     async def on(msg: Msg) -> None:
         event = AgentProgress.model_validate_json(msg.data)
-        if event.agent_id.startswith("effect/"):
+        if event.agent_id.startswith(("effect/", "quiet-effect/")):
             pid, message_id = "".join(getattr(b, "text", "") for b in event.content).split(":", 1)
             marks.append((str(event.step), int(pid), message_id, time.monotonic()))
 
@@ -112,10 +112,12 @@ async def progress_marks(rt: Runtime) -> AsyncIterator[list[tuple[str, int, str,
 
 
 @pytest.mark.parametrize(
-    "handler_due_before_resume", [False, True], ids=["stopped-on-resume", "fenced-effect"]
+    ("agent_type", "handler_due_before_resume"),
+    [("effect", False), ("effect", True), ("quiet-effect", True)],
+    ids=["stopped-on-resume", "fenced-effect", "fenced-commit"],
 )
 async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_after_resuming(
-    runtime: Runtime, worker_process: WorkerProcess, handler_due_before_resume: bool
+    runtime: Runtime, worker_process: WorkerProcess, agent_type: str, handler_due_before_resume: bool
 ) -> None:
     """Item 11: a worker stopped (SIGSTOP) past its lease TTL and resumed started the messages it had
     queued, already handled by the partition's new owner, on stale activations (side effects twice), and
@@ -125,23 +127,27 @@ async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_afte
     process resumes, before any renewal could answer that the lease is gone. Its next effect (the "done"
     progress event) must still not happen: an effect of a handler whose lease is not certainly fresh waits
     for the store's answer. (Before that gate, this case failed in CI whenever the successor was slow to
-    start.)"""
+    start.)
+
+    `fenced-commit`: the same, but the handler makes no `Context` call after its sleep: it returns, and its
+    commit must not land ahead of the new owner's first append for the key (which the expected-sequence
+    append alone does not fence) nor answer the caller: every answer comes from the successor."""
     rt = runtime
     stalled = worker_process(APP, *FAST)
-    await serving_types(rt, "effect")
+    await serving_types(rt, agent_type)
     key = "stall"
     handler_s = 4.0 if handler_due_before_resume else 8.0
     async with progress_marks(rt) as marks:
         # One long handler running, five queued behind it on the same key.
         sends = [
             asyncio.create_task(
-                rt.send_message([TextBlock(text=str(handler_s))], AgentId("effect", key), timeout=60)
+                rt.send_message([TextBlock(text=str(handler_s))], AgentId(agent_type, key), timeout=60)
             )
         ]
         await until(lambda: _true(any(m[0] == "started" for m in marks)), 20, "first handler started")
         handler_due = next(m[3] for m in marks if m[0] == "started") + handler_s
         sends += [
-            asyncio.create_task(rt.send_message([TextBlock(text="0")], AgentId("effect", key), timeout=60))
+            asyncio.create_task(rt.send_message([TextBlock(text="0")], AgentId(agent_type, key), timeout=60))
             for _ in range(5)
         ]
         await asyncio.sleep(0.5)  # the five are fetched and queued in the stalled worker's mailbox
@@ -163,7 +169,7 @@ async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_afte
             resumed_at = time.monotonic()
             os.kill(stalled.pid, signal.SIGCONT)
         assert resumed_at > handler_due or not handler_due_before_resume
-        await asyncio.gather(*sends)
+        replies = await asyncio.gather(*sends)
         await asyncio.sleep(
             3
         )  # time for the resumed worker to (wrongly) start queued work or finish its handler
@@ -173,8 +179,11 @@ async def test_worker_stalled_past_its_lease_starts_none_of_its_queued_work_afte
     assert [m for m in after if m[0] == "done"] == [], (
         marks
     )  # the stalled handler was stopped, not run to its end
-    by_successor = {m[2] for m in marks if m[1] == successor.pid and m[0] == "done"}
-    assert len(by_successor) == 6
+    answered_by = [int("".join(getattr(b, "text", "") for b in reply).split(":", 1)[0]) for reply in replies]
+    assert answered_by == [successor.pid] * 6, (answered_by, stalled.pid, successor.pid)
+    if agent_type == "effect":
+        by_successor = {m[2] for m in marks if m[1] == successor.pid and m[0] == "done"}
+        assert len(by_successor) == 6
     assert stalled.poll() is None  # and the resumed worker lives on
 
 

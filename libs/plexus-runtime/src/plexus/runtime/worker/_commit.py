@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import ConfigDict, SerializerFunctionWrapHandler, model_serializer
@@ -115,10 +116,25 @@ class CheckpointTaken(KernelMessage):
     message_id: str
 
 
+#: Right before a commit's writes: None when the message's lease is certainly ours, else what to await
+#: first (it raises `LeaseLost` when the lease is gone).
+CommitGate = Callable[[_Work], Awaitable[None] | None]
+
+
+def _open(work: _Work) -> None:
+    return None
+
+
 class Committer:
-    def __init__(self, connection: Connection, activations: ActivationTable) -> None:
+    def __init__(
+        self, connection: Connection, activations: ActivationTable, gate: CommitGate = _open
+    ) -> None:
         self.connection = connection
         self.activations = activations
+        #: Expected-sequence appends fence a zombie only once the new owner has written the key: a handler
+        #: that returns as its process resumes from a stall past the lease would otherwise commit (and
+        #: answer) ahead of the owner's first append. The gate asks for the lease first.
+        self._gate = gate
 
     async def commit(
         self, activation: Activation, work: _Work, ctx: Context, reply: Reply, reply_bytes: bytes | None
@@ -155,6 +171,8 @@ class Committer:
                     progress_seq=activation.progress_seq if moved else None,
                 )
             )
+        if (wait := self._gate(work)) is not None:
+            await wait
         if env.id in activation.logged:
             # Logged by a worker that died before its checkpoint: the entries are there already.
             activation.logged = activation.logged - {env.id}

@@ -100,7 +100,7 @@ class Worker(Upkeep):
             lambda aid: connection.event_log(aid).last_seq(),
             lambda aid, seq: self._committer.logged_since(aid, seq),
         )
-        self._committer = Committer(connection, self._activations)
+        self._committer = Committer(connection, self._activations, self._work_gate)
         #: Durable work by its handler's context while it runs: `_invoke` looks at its lease once more.
         self._starting: dict[int, _Work] = {}
         self._intake = Intake(app, connection, self.worker_id)
@@ -317,9 +317,11 @@ class Worker(Upkeep):
         """None while `ctx`'s handler may act (not durable work, or its lease certainly ours), else the
         question to the store (`_confirm_lease`)."""
         work = self._starting.get(id(ctx))
-        if work is None or self._may_start(work):
-            return None
-        return self._confirm_lease(work)
+        return None if work is None else self._work_gate(work)
+
+    def _work_gate(self, work: _Work) -> Awaitable[None] | None:
+        """None while durable `work` may act (its lease certainly ours), else the store's answer to await."""
+        return None if self._may_start(work) else self._confirm_lease(work)
 
     async def _confirm_lease(self, work: _Work) -> None:
         owner = self._owners.get(work.agent_type.name)
