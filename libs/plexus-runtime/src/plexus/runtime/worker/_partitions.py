@@ -258,14 +258,14 @@ class PartitionOwner:
         if not self.serves(p):
             return False
         if self._confirming is None or self._confirming.done():
-            self._confirming = asyncio.ensure_future(self._renew_all())
+            self._confirming = asyncio.ensure_future(self.renew_held())
         with contextlib.suppress(Exception):
             await asyncio.shield(self._confirming)
+        if not self.may_start(p) and p in self.handing_over:
+            # A handed-over lease is renewed by `_finish_handovers` (one by one: only when one is asked for).
+            with contextlib.suppress(Exception):
+                await self._finish_handovers()
         return self.may_start(p)
-
-    async def _renew_all(self) -> None:
-        await self.renew_held()
-        await self._finish_handovers()  # renews the handed-over leases whose work still runs
 
     async def _renew(self, p: int, lease: Lease) -> Lease | None:
         started = time.monotonic()

@@ -30,6 +30,8 @@ from plexus.runtime.wire._orchestration import (
 )
 from plexus.runtime.wire._subjects import escape_token
 
+from ._steps import LeaseLost
+
 __all__ = ["RetriesExhausted", "RetryInterceptor", "RunControlInterceptor"]
 
 log = logging.getLogger("plexus.worker")
@@ -175,8 +177,10 @@ class RetryInterceptor(Interceptor):
         while True:
             try:
                 return await call_next(inp)
-            except KernelError:
-                raise  # typed outcomes (budget, cancellation, denial) are results, not crashes
+            except (KernelError, LeaseLost):
+                # Typed outcomes (budget, cancellation, denial) are results, not crashes; a lost lease means
+                # the partition's new owner runs the message: retrying here would only hold the key's mailbox.
+                raise
             except Exception as exc:
                 failures += 1
                 if not policy.should_retry("HandlerError", failures):
