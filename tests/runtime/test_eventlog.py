@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import datetime
 import json
+import os
+import signal
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -17,6 +20,7 @@ from nats.js import JetStreamContext
 from plexus.core._errors import ConcurrentAppendError, KernelError
 from plexus.core._messages import InputMessage, ReplyMessage, UnknownMessage
 from plexus.runtime.ops._server import NatsServer
+from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._eventlog import EventLog, LogRecord
 from plexus.runtime.store._topology import ensure_topology
@@ -471,3 +475,34 @@ async def test_an_append_repeated_after_its_first_copy_landed_is_stored_once_and
     # Another writer's batch at the same expected sequence is still a conflict.
     with pytest.raises(ConcurrentAppendError):
         await log.append([{"n": "other"}], 1)
+
+
+@pytest.mark.parametrize("publisher", ["js.publish", "DeferredAcks"])
+async def test_an_unanswered_append_gives_up_after_the_timeout_it_is_given(
+    nats_server: NatsServer, nc: NATS, js: JetStreamContext, publisher: str
+) -> None:
+    """A worker's commit passes what is left of its lease as the append's timeout: an append sent again
+    while unanswered must stop by then (a copy landing after the lease passed on could precede the new
+    owner's first append). The server is frozen (SIGSTOP), so nothing answers."""
+    publish = DeferredAcks(nc).publish_acked if publisher == "DeferredAcks" else None
+    log = EventLog(js, "px.default.evlog.frozen.a", timeout=30.0, publish=publish)
+    assert await log.append([ReplyMessage(text="before")], 0) == 1
+    pid = nats_server.pid
+    assert pid is not None
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        with pytest.raises(nats.errors.TimeoutError):
+            await log.append([ReplyMessage(text="late")], 1, timeout=0.5)
+        took = time.monotonic() - started
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert 0.4 < took < 3.0, took  # the log's own 30 s did not apply
+
+
+async def test_an_append_timeout_is_at_most_the_logs_own_and_positive(js: JetStreamContext) -> None:
+    log = dict_log(js, "px.default.evlog.bounds.a", timeout=5.0)
+    for bad in (0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match="timeout"):
+            await log.append([{"n": 1}], 0, timeout=bad)
+    assert await log.append([{"n": 1}], 0, timeout=3600.0) == 1  # capped at 5 s, and answered at once

@@ -162,26 +162,49 @@ class EventLog(Generic[T]):
         self._get_last_msg: GetLastMsg = get_last_msg or self._js_get_last_msg
 
     # -- writing -------------------------------------------------------------------------------------
-    async def append(self, entries: Sequence[T], expected_seq: int, *, msg_id: str | None = None) -> int:
+    async def append(
+        self,
+        entries: Sequence[T],
+        expected_seq: int,
+        *,
+        msg_id: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
         """Append ``entries`` atomically if the log's last sequence is ``expected_seq`` (0: log is empty).
 
         Returns the new last sequence. Raises `ConcurrentAppendError` when another writer got there first,
         and `PayloadTooLargeError` when the batch does not fit in one message. With ``msg_id``, retrying an
         append whose first attempt landed (e.g. after a timeout) returns that attempt's sequence.
+        ``timeout`` (at most the log's own, its default): how long the append is sent again while
+        unanswered, then `nats.errors.TimeoutError`; a writer whose right to write ends at a known time (a
+        lease) passes what is left of it.
         """
-        return await self._append_batch(self.encode_batch(entries), expected_seq, msg_id)
+        return await self._append_batch(self.encode_batch(entries), expected_seq, msg_id, timeout)
 
     async def append_encoded(
-        self, encoded: Sequence[bytes], expected_seq: int, *, msg_id: str | None = None
+        self,
+        encoded: Sequence[bytes],
+        expected_seq: int,
+        *,
+        msg_id: str | None = None,
+        timeout: float | None = None,
     ) -> int:
         """`append` for entries already encoded as this log's ``encode`` would (one JSON value each)."""
         if not encoded:
             raise ValueError("append needs at least one entry")
-        return await self._append_batch(b"[" + b",".join(encoded) + b"]", expected_seq, msg_id)
+        return await self._append_batch(b"[" + b",".join(encoded) + b"]", expected_seq, msg_id, timeout)
 
-    async def _append_batch(self, payload: bytes, expected_seq: int, msg_id: str | None) -> int:
+    async def _append_batch(
+        self, payload: bytes, expected_seq: int, msg_id: str | None, timeout: float | None = None
+    ) -> int:
         if expected_seq < 0:
             raise ValueError(f"expected_seq must be >= 0, got {expected_seq}")
+        if timeout is None:
+            timeout = self._timeout
+        elif timeout > 0:
+            timeout = min(timeout, self._timeout)
+        else:
+            raise ValueError(f"timeout must be > 0, got {timeout}")
         headers = {_EXPECTED_LAST_SUBJECT_SEQ: str(expected_seq), _EXPECTED_STREAM: self.stream}
         if msg_id is not None:
             headers[_MSG_ID] = msg_id
@@ -192,11 +215,11 @@ class EventLog(Generic[T]):
                 # fails the fence and is recognised as ours by its append id, so it is never stored twice.
                 headers[_APPEND_ID] = append_id = f"{_APPEND_ID_PREFIX}{next(_APPEND_IDS)}"
                 ack = await self._publish(
-                    self.subject, payload, headers=headers, timeout=self._timeout, repeat=True
+                    self.subject, payload, headers=headers, timeout=timeout, repeat=True
                 )
             else:
                 ack = await safe_publish(
-                    self._js, self.subject, payload, headers=headers, ack_timeout=self._timeout
+                    self._js, self.subject, payload, headers=headers, ack_timeout=timeout
                 )
         except APIError as exc:
             if exc.err_code not in _WRONG_LAST_SEQ_CODES:

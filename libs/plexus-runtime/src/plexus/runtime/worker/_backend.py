@@ -251,6 +251,10 @@ class WorkerBackend:
         child_run = await self.supervisor.spawn(
             parent, ctx.agent_id, child, priority, child_run_id(ctx.message_id, ordinal, parent.run_id)
         )
+        # The two calls above can take up to 30 s: the lease is asked again before the effects that follow
+        # (a stall in between must not record and enqueue a child after the partition moved on).
+        if (wait := self._gate(ctx)) is not None:
+            await wait
         log = self.event_log_for(ctx.agent_id)
         # child.spawned is durable before the child is enqueued, so a crash never leaves an unrecorded child.
         spawned = RunChildSpawned(

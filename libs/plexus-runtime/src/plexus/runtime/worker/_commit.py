@@ -119,6 +119,8 @@ class CheckpointTaken(KernelMessage):
 #: Right before a commit's writes: None when the message's lease is certainly ours, else what to await
 #: first (it raises `LeaseLost` when the lease is gone).
 CommitGate = Callable[[_Work], Awaitable[None] | None]
+#: Seconds the message's lease is still certainly ours (None: no lease, e.g. core NATS work).
+LeaseLeft = Callable[[_Work], float | None]
 
 
 def _open(work: _Work) -> None:
@@ -127,7 +129,11 @@ def _open(work: _Work) -> None:
 
 class Committer:
     def __init__(
-        self, connection: Connection, activations: ActivationTable, gate: CommitGate = _open
+        self,
+        connection: Connection,
+        activations: ActivationTable,
+        gate: CommitGate = _open,
+        lease_left: LeaseLeft = _open,
     ) -> None:
         self.connection = connection
         self.activations = activations
@@ -135,6 +141,10 @@ class Committer:
         #: that returns as its process resumes from a stall past the lease would otherwise commit (and
         #: answer) ahead of the owner's first append. The gate asks for the lease first.
         self._gate = gate
+        #: An append unanswered is sent again until its timeout: a copy must not land after the lease may
+        #: have passed to another worker (ahead of the new owner's first append, which is what fences it).
+        #: So the commit's appends wait no longer than the lease is certainly ours.
+        self._lease_left = lease_left
 
     async def commit(
         self, activation: Activation, work: _Work, ctx: Context, reply: Reply, reply_bytes: bytes | None
@@ -173,6 +183,7 @@ class Committer:
             )
         if (wait := self._gate(work)) is not None:
             await wait
+        timeout = self._lease_left(work)
         if env.id in activation.logged:
             # Logged by a worker that died before its checkpoint: the entries are there already.
             activation.logged = activation.logged - {env.id}
@@ -180,14 +191,18 @@ class Committer:
             log = self.connection.event_log(work.agent_id)
             async with activation.log_turn():
                 try:
-                    activation.log_seq = await log.append_encoded(encoded, expected_seq=activation.log_seq)
+                    activation.log_seq = await log.append_encoded(
+                        encoded, expected_seq=activation.log_seq, timeout=timeout
+                    )
                 except PayloadTooLargeError:
                     if checkpoint:
                         raise
                     # The marker's delta and reply made the batch too big (nothing was sent): two writes.
                     encoded.pop()
                     checkpoint = True
-                    activation.log_seq = await log.append_encoded(encoded, expected_seq=activation.log_seq)
+                    activation.log_seq = await log.append_encoded(
+                        encoded, expected_seq=activation.log_seq, timeout=timeout
+                    )
         activation.remember(env.id, reply_bytes, reply_budget=self.connection.nc.max_payload // 4)
         if checkpoint:
             await self.activations.save(activation, state=state)

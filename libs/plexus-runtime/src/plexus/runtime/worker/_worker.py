@@ -100,7 +100,7 @@ class Worker(Upkeep):
             lambda aid: connection.event_log(aid).last_seq(),
             lambda aid, seq: self._committer.logged_since(aid, seq),
         )
-        self._committer = Committer(connection, self._activations, self._work_gate)
+        self._committer = Committer(connection, self._activations, self._work_gate, self._lease_left)
         #: Durable work by its handler's context while it runs: `_invoke` looks at its lease once more.
         self._starting: dict[int, _Work] = {}
         self._intake = Intake(app, connection, self.worker_id)
@@ -322,6 +322,14 @@ class Worker(Upkeep):
     def _work_gate(self, work: _Work) -> Awaitable[None] | None:
         """None while durable `work` may act (its lease certainly ours), else the store's answer to await."""
         return None if self._may_start(work) else self._confirm_lease(work)
+
+    def _lease_left(self, work: _Work) -> float | None:
+        """Seconds `work`'s partition lease is still certainly ours (at least a millisecond: a commit that
+        asks this has just passed the gate); None for work without a lease."""
+        owner = self._owners.get(work.agent_type.name) if work.durable else None
+        if owner is None or work.partition is None:
+            return None
+        return max(owner.fresh_until.get(work.partition, 0.0) - time.monotonic(), 0.001)
 
     async def _confirm_lease(self, work: _Work) -> None:
         owner = self._owners.get(work.agent_type.name)
