@@ -1,0 +1,133 @@
+"""What parts of the LLM loop cost, measured in pairs inside one process (immune to the machine's phases).
+
+``uv run --no-sync python -m bench.llm_components [--runs N]``: a nats-server, the fake OpenAI provider of
+`bench.llm_bench` in its own process, one in-process worker, and agent types that differ from the bench's LLM
+run (2 model turns + 1 sync tool, journaled) in one thing each. Each round sends one message to every type,
+in an order that rotates, each to a new key; a turn middleware times each run's loop iterations. A
+component's cost is the p50 over rounds of (baseline − variant), halved: per model turn.
+
+Why pairs: on the shared 2-core machine the same code's figures move by a factor of two between minutes
+(docs/llm.md), while two variants measured in the same round see the same phase. Printed as a table and
+one ``RESULT <json>`` line; not part of ``make bench``, not asserted anywhere.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+#: variant -> what it leaves out of the baseline (the component whose cost it measures)
+VARIANTS = {
+    "no-journal": "the journal (its writes and the waits for them)",
+    "async-tool": "running the sync tool in a thread (the same tool as async def)",
+}
+
+
+async def _measure(base_url: str, runs: int) -> dict[str, float]:
+    import openai
+
+    from plexus.core import AgentId, TextBlock
+    from plexus.llm import LLMAgent, Middleware, OpenAIChatModel, tool
+    from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
+
+    @tool
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    @tool(name="add")
+    async def add_async(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    times: dict[tuple[str, str], float] = {}
+
+    class TimeIterations(Middleware):
+        async def process_turn(self, context: Any, call_next: Any) -> None:
+            t0 = time.perf_counter()
+            try:
+                await call_next(context)
+            finally:
+                agent = context.ctx.agent_id
+                times[(agent.type, agent.key)] = times.get((agent.type, agent.key), 0.0) + (
+                    time.perf_counter() - t0
+                )
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    timing = [TimeIterations()]
+    app = App()
+    app.register(
+        "baseline", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], middleware=timing)
+    )
+    app.register(
+        "no-journal",
+        lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], middleware=timing, journal=False),
+    )
+    app.register(
+        "async-tool", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add_async], middleware=timing)
+    )
+    types = ["baseline", *VARIANTS]
+    server = NatsServer()
+    server.start()
+    try:
+        wrt = await Runtime.connect(server.url)
+        worker = Worker(app, wrt, WorkerConfig())
+        await worker.start()
+        rt = await Runtime.connect(server.url)
+        try:
+            for i in range(runs + 20):  # the first 20 rounds warm up (connections, caches)
+                for type_ in types[i % len(types) :] + types[: i % len(types)]:
+                    await rt.send_message([TextBlock(text="2+3?")], AgentId(type_, f"r{i}"), timeout=30)
+        finally:
+            await rt.close()
+            await worker.stop(drain_timeout=5)
+            await wrt.close()
+    finally:
+        server.stop()
+    rounds = range(20, runs + 20)
+    metrics = {
+        "llm.loop_2turns.p50_ms": statistics.median(times[("baseline", f"r{i}")] for i in rounds) * 1e3
+    }
+    for variant in VARIANTS:
+        diffs = [times[("baseline", f"r{i}")] - times[(variant, f"r{i}")] for i in rounds]
+        metrics[f"llm.cost_per_turn.{variant}.p50_ms"] = statistics.median(diffs) / 2 * 1e3
+    return metrics
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--runs", type=int, default=300, help="measured rounds (one run of every type each)")
+    args = parser.parse_args()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.llm_bench", "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            raise SystemExit(f"fake provider did not start: {line}")
+        metrics = asyncio.run(_measure(line[1], args.runs))
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    print(f"loop iterations of a 2-turn run, p50: {metrics['llm.loop_2turns.p50_ms']:.2f} ms")
+    for variant, what in VARIANTS.items():
+        print(f"per model turn, {what}: {metrics[f'llm.cost_per_turn.{variant}.p50_ms']:.3f} ms")
+    result = {
+        "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
+        "info": {"runs": args.runs},
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
