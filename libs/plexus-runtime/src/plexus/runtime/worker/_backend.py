@@ -139,6 +139,7 @@ class WorkerBackend:
     ) -> list[BaseBlock]:
         if timeout_s <= 0:
             raise ValueError(f"timeout must be positive, got {timeout_s}")
+        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
         if (wait := self._gate(ctx)) is not None:
             await wait
         inp = SendInput(
@@ -154,6 +155,7 @@ class WorkerBackend:
         return result
 
     async def publish_from(self, ctx: Context, blocks: Sequence[BaseBlock], topic: TopicId) -> None:
+        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
         if (wait := self._gate(ctx)) is not None:
             await wait
         inp = PublishInput(
@@ -206,6 +208,7 @@ class WorkerBackend:
             await asyncio.sleep(0)
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
+        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
         if (wait := self._gate(ctx)) is not None:
             await wait
         agent_id = ctx.agent_id
@@ -213,6 +216,7 @@ class WorkerBackend:
         await self.connection.nc.publish(subject, delta_event_json(text, reasoning=reasoning))
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
+        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
         if (wait := self._gate(ctx)) is not None:
             await wait
         call = self._usage_metered if metrics_enabled() else self._usage
