@@ -125,6 +125,13 @@ class WorkerBackend:
         if acks:
             await self._acks.wait(acks)
 
+    def _may_act(self, ctx: Context) -> Awaitable[None] | None:
+        """Before every effect: None when `ctx`'s handler may act now, else what to await first (the lease
+        gate). RuntimeError once the handler has returned: a task it left running acts no more (the gate
+        knows only running handlers)."""
+        self._activation(ctx)
+        return self._gate(ctx)
+
     def _activation(self, ctx: Context) -> Activation:
         try:
             return self._bound[id(ctx)]
@@ -139,8 +146,7 @@ class WorkerBackend:
     ) -> list[BaseBlock]:
         if timeout_s <= 0:
             raise ValueError(f"timeout must be positive, got {timeout_s}")
-        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
-        if (wait := self._gate(ctx)) is not None:
+        if (wait := self._may_act(ctx)) is not None:
             await wait
         inp = SendInput(
             blocks=list(blocks),
@@ -155,8 +161,7 @@ class WorkerBackend:
         return result
 
     async def publish_from(self, ctx: Context, blocks: Sequence[BaseBlock], topic: TopicId) -> None:
-        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
-        if (wait := self._gate(ctx)) is not None:
+        if (wait := self._may_act(ctx)) is not None:
             await wait
         inp = PublishInput(
             blocks=list(blocks),
@@ -171,7 +176,7 @@ class WorkerBackend:
     async def progress_from(
         self, ctx: Context, step: AgentStep, content: Sequence[BaseBlock], metadata: Mapping[str, Any]
     ) -> None:
-        if (wait := self._gate(ctx)) is not None:
+        if (wait := self._may_act(ctx)) is not None:
             await wait
         await self._progress(ProgressInput(ctx=ctx, step=step, content=list(content), metadata=metadata))
 
@@ -208,16 +213,14 @@ class WorkerBackend:
             await asyncio.sleep(0)
 
     async def stream_from(self, ctx: Context, text: str, reasoning: bool) -> None:
-        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
-        if (wait := self._gate(ctx)) is not None:
+        if (wait := self._may_act(ctx)) is not None:
             await wait
         agent_id = ctx.agent_id
         subject = self.connection.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key)
         await self.connection.nc.publish(subject, delta_event_json(text, reasoning=reasoning))
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
-        self._activation(ctx)  # a task outliving its handler acts no more (nor escapes the lease gate)
-        if (wait := self._gate(ctx)) is not None:
+        if (wait := self._may_act(ctx)) is not None:
             await wait
         call = self._usage_metered if metrics_enabled() else self._usage
         await call(UsageInput(ctx=ctx, usage=usage, turns=turns))
@@ -236,7 +239,7 @@ class WorkerBackend:
         priority: int | None,
         timeout_s: float,
     ) -> list[BaseBlock]:
-        if (wait := self._gate(ctx)) is not None:
+        if (wait := self._may_act(ctx)) is not None:
             await wait
         inp = SpawnInput(ctx=ctx, child=child, blocks=list(blocks), priority=priority, timeout_s=timeout_s)
         result: list[BaseBlock] = await self._spawn(inp)
@@ -318,7 +321,7 @@ class WorkerBackend:
         activation.agent.load_state(msgspec.json.decode(activation.saved_state))
 
     async def checkpoint_from(self, ctx: Context) -> None:
-        if (wait := self._gate(ctx)) is not None:
+        if (wait := self._may_act(ctx)) is not None:
             await wait
         activation = self._activation(ctx)
         if activation.agent_type.durable:
