@@ -192,6 +192,23 @@ async def _measure(
 
 
 @contextlib.contextmanager
+def fake_provider() -> Iterator[str]:
+    """The fake OpenAI provider in its own process (its CPU is not ours) until the block ends; its URL."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.llm_bench", "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO
+    )
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().split()
+        if not line or line[0] != "READY":
+            raise SystemExit(f"fake provider did not start: {line}")
+        yield line[1]
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@contextlib.contextmanager
 def _orchestrator(url: str) -> Iterator[None]:
     """The real orchestrator service, as `plexus orchestrator` runs it, until the block ends."""
     proc = subprocess.Popen(
@@ -225,20 +242,10 @@ def main() -> None:
     if args.serve:
         asyncio.run(_serve())
         return
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.llm_bench", "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        if not line or line[0] != "READY":
-            raise SystemExit(f"fake provider did not start: {line}")
+    with fake_provider() as base_url:
         metrics = asyncio.run(
-            _measure(line[1], args.runs, not args.no_journal, args.url, not args.no_orchestrator)
+            _measure(base_url, args.runs, not args.no_journal, args.url, not args.no_orchestrator)
         )
-    finally:
-        proc.terminate()
-        proc.wait(10)
     for name, value in metrics.items():
         print(f"{name:<32} {value:8.2f}")
     result = {

@@ -17,13 +17,10 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
+from bench.llm_bench import fake_provider
 
 #: variant -> what it leaves out of the baseline (the component whose cost it measures)
 VARIANTS = {
@@ -107,18 +104,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
     parser.add_argument("--runs", type=int, default=300, help="measured rounds (one run of every type each)")
     args = parser.parse_args()
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.llm_bench", "--serve"], stdout=subprocess.PIPE, text=True, cwd=REPO
-    )
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline().split()
-        if not line or line[0] != "READY":
-            raise SystemExit(f"fake provider did not start: {line}")
-        metrics = asyncio.run(_measure(line[1], args.runs))
-    finally:
-        proc.terminate()
-        proc.wait(10)
+    with fake_provider() as base_url:
+        metrics = asyncio.run(_measure(base_url, args.runs))
     print(f"loop iterations of a 2-turn run, p50: {metrics['llm.loop_2turns.p50_ms']:.2f} ms")
     for variant, what in VARIANTS.items():
         print(f"per model turn, {what}: {metrics[f'llm.cost_per_turn.{variant}.p50_ms']:.3f} ms")
