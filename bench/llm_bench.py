@@ -59,7 +59,7 @@ async def _measure(
     import openai
 
     from plexus.core import AgentId, ExecutionBudget, TextBlock
-    from plexus.llm import LLMAgent, Middleware, OpenAIChatModel, tool
+    from plexus.llm import LLMAgent, OpenAIChatModel, tool
     from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
 
     @tool
@@ -67,18 +67,8 @@ async def _measure(
         """Add."""
         return a + b
 
-    iteration_times: dict[str, float] = {}
-
-    class TimeIterations(Middleware):
-        """Sums the wall time of the run's loop iterations, per message (the key names the run)."""
-
-        async def process_turn(self, context: Any, call_next: Any) -> None:
-            t0 = time.perf_counter()
-            try:
-                await call_next(context)
-            finally:
-                key = context.ctx.agent_id.key
-                iteration_times[key] = iteration_times.get(key, 0.0) + time.perf_counter() - t0
+    iteration_times: dict[tuple[str, str], float] = {}
+    timing = [iteration_timer(iteration_times)]
 
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
     # The baseline is the same SDK work the loop does: the two requests of a run, byte for byte (tools and
@@ -108,7 +98,7 @@ async def _measure(
         app.register(
             "bench",
             lambda _id: LLMAgent(
-                OpenAIChatModel(client, "m"), tools=[add], journal=journal, middleware=[TimeIterations()]
+                OpenAIChatModel(client, "m"), tools=[add], journal=journal, middleware=timing
             ),
         )
         app.register(
@@ -172,7 +162,7 @@ async def _measure(
             server.stop()
     bare_p50 = statistics.median(bare_wall)
     run_p50 = statistics.median(run_wall)
-    loop_p50 = statistics.median(iteration_times[f"k{1000 + i}"] for i in range(runs))
+    loop_p50 = statistics.median(iteration_times[("bench", f"k{1000 + i}")] for i in range(runs))
     metrics = {
         "llm.bare_call.p50_ms": bare_p50 * 1e3,
         "llm.bare_call.cpu_ms": bare_cpu * 1e3,
@@ -183,12 +173,29 @@ async def _measure(
         "llm.cpu_per_turn_ms": (run_cpu - 2 * bare_cpu) / 2 * 1e3,
     }
     if orch_wall:
-        orch_loop = statistics.median(iteration_times[f"o{1000 + i}"] for i in range(runs))
+        orch_loop = statistics.median(iteration_times[("bench", f"o{1000 + i}")] for i in range(runs))
         metrics["llm.orchestrated.overhead_per_turn.p50_ms"] = (
             (statistics.median(orch_wall) - 2 * bare_p50) / 2 * 1e3
         )
         metrics["llm.orchestrated.loop_overhead_per_turn.p50_ms"] = (orch_loop - 2 * bare_p50) / 2 * 1e3
     return metrics
+
+
+def iteration_timer(times: dict[tuple[str, str], float]) -> Any:
+    """A turn middleware summing the wall time of each run's loop iterations into ``times``, by (agent type,
+    key): each run goes to a key of its own."""
+    from plexus.llm import Middleware
+
+    class TimeIterations(Middleware):
+        async def process_turn(self, context: Any, call_next: Any) -> None:
+            t0 = time.perf_counter()
+            try:
+                await call_next(context)
+            finally:
+                agent = (context.ctx.agent_id.type, context.ctx.agent_id.key)
+                times[agent] = times.get(agent, 0.0) + time.perf_counter() - t0
+
+    return TimeIterations()
 
 
 @contextlib.contextmanager

@@ -17,10 +17,8 @@ import argparse
 import asyncio
 import json
 import statistics
-import time
-from typing import Any
 
-from bench.llm_bench import fake_provider
+from bench.llm_bench import fake_provider, iteration_timer
 
 #: variant -> what it leaves out of the baseline (the component whose cost it measures)
 VARIANTS = {
@@ -33,7 +31,7 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
     import openai
 
     from plexus.core import AgentId, TextBlock
-    from plexus.llm import LLMAgent, Middleware, OpenAIChatModel, tool
+    from plexus.llm import LLMAgent, OpenAIChatModel, tool
     from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
 
     @tool
@@ -47,20 +45,8 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
         return a + b
 
     times: dict[tuple[str, str], float] = {}
-
-    class TimeIterations(Middleware):
-        async def process_turn(self, context: Any, call_next: Any) -> None:
-            t0 = time.perf_counter()
-            try:
-                await call_next(context)
-            finally:
-                agent = context.ctx.agent_id
-                times[(agent.type, agent.key)] = times.get((agent.type, agent.key), 0.0) + (
-                    time.perf_counter() - t0
-                )
-
     client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
-    timing = [TimeIterations()]
+    timing = [iteration_timer(times)]
     app = App()
     app.register(
         "baseline", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], middleware=timing)

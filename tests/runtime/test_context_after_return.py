@@ -61,19 +61,22 @@ class Sink(Agent):
         return blocks
 
 
+async def _answer(runtime: Runtime, start_worker: StartWorker, agent: Agent) -> list[BaseBlock]:
+    """Serve ``agent`` (as type "agent") next to a `Sink`, and send it one message: its answer."""
+    app = App()
+    app.register("agent", lambda _id: agent)
+    app.register("sink", lambda _id: Sink())
+    await start_worker(app)
+    return await runtime.send_message([TextBlock(text="go")], AgentId("agent", "k"), timeout=20)
+
+
 async def test_a_task_outliving_its_handler_gets_no_effect_through_its_context(
     runtime: Runtime, start_worker: StartWorker
 ) -> None:
     Leaver.outcomes.clear()
     Leaver.done = asyncio.Event()
     Sink.received.clear()
-    app = App()
-    app.register("leaver", lambda _id: Leaver())
-    app.register("sink", lambda _id: Sink())
-    await start_worker(app)
-    assert await runtime.send_message([TextBlock(text="go")], AgentId("leaver", "k"), timeout=20) == [
-        TextBlock(text="bye")
-    ]
+    assert await _answer(runtime, start_worker, Leaver()) == [TextBlock(text="bye")]
     await asyncio.wait_for(Leaver.done.wait(), 10)
     assert set(Leaver.outcomes) == set(EFFECTS)
     for name, outcome in Leaver.outcomes.items():
@@ -97,11 +100,5 @@ async def test_effects_inside_the_handler_still_work(
                 await ctx.stream("now")
             return [TextBlock(text="ok")]
 
-    app = App()
-    app.register("active", lambda _id: Active())
-    app.register("sink", lambda _id: Sink())
-    await start_worker(app)
-    assert await runtime.send_message([TextBlock(text="go")], AgentId("active", "k"), timeout=20) == [
-        TextBlock(text="ok")
-    ]
+    assert await _answer(runtime, start_worker, Active()) == [TextBlock(text="ok")]
     assert Sink.received == (["sink/k2"] if effect == "send" else [])
