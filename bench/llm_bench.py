@@ -1,25 +1,29 @@
 """Loop overhead of `plexus.llm.LLMAgent` per model turn, against a fake OpenAI provider on loopback.
 
 ``uv run --no-sync python -m bench.llm_bench [--runs N]``: starts a nats-server, the fake provider in its own
-process (so its CPU is not counted), and an in-process worker. It measures, sequentially:
+process (so its CPU is not counted), and an in-process worker. A Plexus run is one message to an `LLMAgent`
+making 2 model turns + 1 tool call (journaled, budget consumed, deltas and progress published); the bare
+baseline is ``AsyncOpenAI.chat.completions.create(stream=True)`` with the very request bodies one Plexus run
+sends (recorded, then replayed: tools and conversation included), reading every chunk.
 
-- the bare SDK call: ``AsyncOpenAI.chat.completions.create(stream=True)`` with the very request bodies one
-  Plexus run sends (recorded, then replayed: tools and conversation included) and reading every chunk (p50
-  wall time, CPU per call);
-- a Plexus run of 2 model turns + 1 tool call (a message to an `LLMAgent`, journaled, budget consumed,
-  deltas and progress published), p50 wall time and CPU per run.
+Measured in rounds: a bare pair (the run's two requests, bare), then a Plexus run, then a second bare pair,
+each after `PAUSE_S` of idle (what the previous one left behind is done by then). Each figure is the p50 over
+rounds of that round's difference, so the two sides always see the same phase of the machine; the second
+bare pair against the first is the method's own bias (the null control, ≈ 0 when the order favours
+neither side). Per model turn:
 
-Overhead per turn = (run p50 - 2 x bare-call p50) / 2; CPU per turn = (run CPU - 2 x bare-call CPU) / 2.
-Both include the message's own request/reply through NATS, the new key's activation and its commit (EventLog
-+ checkpoint), amortised over the two turns. The loop alone, inside the handler: a turn middleware (the
-public `Middleware.process_turn`) times each of the run's two iterations (model step with its progress,
-deltas, journal write and budget consume; the first also runs the tool step), and overhead per turn in the
-loop = (p50 of the iterations' sum per run - 2 x bare-call p50) / 2 — the peers' runs (in-process function
-calls) compare with this one. The same loop in orchestrated runs (``start_run`` with a token budget, the
-orchestrator on the same server): there every model call's ``ctx.usage()`` is a counter increment on the
-server, the budget consume the issue's goal includes; ``--no-orchestrator`` skips it.
-``--no-journal`` measures the loop without its journal writes. Prints a
-table and one ``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
+- overhead, whole run = (run - bare pair) / 2: the message's request/reply through NATS, the new key's
+  activation and its commit (EventLog + checkpoint) included, amortised over the two turns;
+- overhead inside the handler = (the run's loop iterations - bare pair) / 2: a turn middleware (the public
+  `Middleware.process_turn`) times each iteration (model step with its progress, deltas, journal write and
+  budget consume; the first also runs the tool step) — the peers' runs (in-process function calls) compare
+  with this one; also as a ratio to one bare call;
+- CPU = (run CPU - bare pair CPU) / 2 (process CPU, means over rounds).
+
+The same in orchestrated runs (``start_run`` with a token budget, the real orchestrator on the same server:
+every model call's ``ctx.usage()`` is a counter increment on the server, the budget consume the issue's
+goal includes); ``--no-orchestrator`` skips them. ``--no-journal`` measures the loop without its journal
+writes. Prints a table and one ``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import json
 import statistics
 import subprocess
@@ -51,6 +56,44 @@ async def _serve() -> None:
     async with FakeProvider(respond) as fake:
         print(f"READY {fake.base_url}", flush=True)
         await asyncio.Event().wait()
+
+
+#: Idle before every measured part of a round: the previous part's after-work (acks, the pull of the next
+#: message, the orchestrator's bookkeeping) is over, and each part starts from the same state.
+PAUSE_S = 0.005
+
+
+@dataclasses.dataclass
+class _Rounds:
+    """Per round: the first bare pair, the Plexus run and its loop iterations, the second bare pair (wall
+    seconds), and CPU seconds of the first bare pair and of the run."""
+
+    bare: list[float] = dataclasses.field(default_factory=list)
+    run: list[float] = dataclasses.field(default_factory=list)
+    loop: list[float] = dataclasses.field(default_factory=list)
+    bare_again: list[float] = dataclasses.field(default_factory=list)
+    bare_cpu: list[float] = dataclasses.field(default_factory=list)
+    run_cpu: list[float] = dataclasses.field(default_factory=list)
+
+    def metrics(self, prefix: str) -> dict[str, float]:
+        def per_turn(a: list[float], b: list[float]) -> float:
+            return statistics.median(x - y for x, y in zip(a, b, strict=True)) / 2 * 1e3
+
+        bare_call = statistics.median(self.bare) / 2 * 1e3
+        loop = per_turn(self.loop, self.bare)
+        return {
+            f"{prefix}bare_call.p50_ms": bare_call,
+            f"{prefix}bare_call.cpu_ms": statistics.mean(self.bare_cpu) / 2 * 1e3,
+            f"{prefix}run_2turns.p50_ms": statistics.median(self.run) * 1e3,
+            f"{prefix}run_2turns.cpu_ms": statistics.mean(self.run_cpu) * 1e3,
+            f"{prefix}overhead_per_turn.p50_ms": per_turn(self.run, self.bare),
+            f"{prefix}loop_overhead_per_turn.p50_ms": loop,
+            f"{prefix}loop_overhead_ratio": loop / bare_call,
+            f"{prefix}cpu_per_turn_ms": (statistics.mean(self.run_cpu) - statistics.mean(self.bare_cpu))
+            / 2
+            * 1e3,
+            f"{prefix}null_control_per_call.p50_ms": per_turn(self.bare_again, self.bare),
+        }
 
 
 async def _measure(
@@ -84,10 +127,33 @@ async def _measure(
         chat=SimpleNamespace(completions=SimpleNamespace(create=recording_create))
     )
 
-    async def bare(body: dict[str, Any]) -> None:
-        stream = await client.chat.completions.create(**body)
-        async for _ in stream:
-            pass
+    async def bare_pair() -> tuple[float, float]:
+        await asyncio.sleep(PAUSE_S)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for body in bodies:
+            stream = await client.chat.completions.create(**body)
+            async for _ in stream:
+                pass
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    async def measure(run: Any, key: str) -> _Rounds:
+        """`runs` rounds (after 20 to warm up) of: bare pair, ``run(key + n)``, bare pair."""
+        rounds = _Rounds()
+        for i in range(20 + runs):
+            bare, bare_cpu = await bare_pair()
+            await asyncio.sleep(PAUSE_S)
+            t0, c0 = time.perf_counter(), time.process_time()
+            await run(f"{key}{i}")
+            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+            again, _ = await bare_pair()
+            if i >= 20:
+                rounds.bare.append(bare)
+                rounds.bare_cpu.append(bare_cpu)
+                rounds.run.append(wall)
+                rounds.run_cpu.append(cpu)
+                rounds.loop.append(iteration_times[("bench", f"{key}{i}")])
+                rounds.bare_again.append(again)
+        return rounds
 
     server = None if nats_url else NatsServer()
     if server is not None:
@@ -112,47 +178,22 @@ async def _measure(
             await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
             if len(bodies) != 2:
                 raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
-            for _ in range(10):
-                for body in bodies:
-                    await bare(body)
-            bare_wall: list[float] = []
-            cpu0 = time.process_time()
-            for _ in range(runs):
-                for body in bodies:
-                    t0 = time.perf_counter()
-                    await bare(body)
-                    bare_wall.append(time.perf_counter() - t0)
-            bare_cpu = (time.process_time() - cpu0) / (runs * 2)
 
-            async def one(i: int) -> None:
-                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
+            async def plain_run(key: str) -> None:
+                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", key), timeout=30)
 
-            for i in range(20):
-                await one(i)
-            run_wall: list[float] = []
-            cpu0 = time.process_time()
-            for i in range(runs):
-                t0 = time.perf_counter()
-                await one(1000 + i)
-                run_wall.append(time.perf_counter() - t0)
-            run_cpu = (time.process_time() - cpu0) / runs
-            orch_wall: list[float] = []
+            metrics = (await measure(plain_run, "k")).metrics("llm.")
             if orchestrated:
                 with _orchestrator(url):
                     budget = ExecutionBudget(max_tokens=10**12)
 
-                    async def orchestrated_run(i: int) -> None:
+                    async def orchestrated_run(key: str) -> None:
                         run_id = await rt.start_run(
-                            AgentId("bench", f"o{i}"), [TextBlock(text="2+3?")], budget=budget
+                            AgentId("bench", key), [TextBlock(text="2+3?")], budget=budget
                         )
                         await rt.run_result(run_id, timeout=30)
 
-                    for i in range(20):
-                        await orchestrated_run(i)
-                    for i in range(runs):
-                        t0 = time.perf_counter()
-                        await orchestrated_run(1000 + i)
-                        orch_wall.append(time.perf_counter() - t0)
+                    metrics.update((await measure(orchestrated_run, "o")).metrics("llm.orchestrated."))
         finally:
             await rt.close()
             await worker.stop(drain_timeout=5)
@@ -160,24 +201,6 @@ async def _measure(
     finally:
         if server is not None:
             server.stop()
-    bare_p50 = statistics.median(bare_wall)
-    run_p50 = statistics.median(run_wall)
-    loop_p50 = statistics.median(iteration_times[("bench", f"k{1000 + i}")] for i in range(runs))
-    metrics = {
-        "llm.bare_call.p50_ms": bare_p50 * 1e3,
-        "llm.bare_call.cpu_ms": bare_cpu * 1e3,
-        "llm.run_2turns.p50_ms": run_p50 * 1e3,
-        "llm.run_2turns.cpu_ms": run_cpu * 1e3,
-        "llm.overhead_per_turn.p50_ms": (run_p50 - 2 * bare_p50) / 2 * 1e3,
-        "llm.loop_overhead_per_turn.p50_ms": (loop_p50 - 2 * bare_p50) / 2 * 1e3,
-        "llm.cpu_per_turn_ms": (run_cpu - 2 * bare_cpu) / 2 * 1e3,
-    }
-    if orch_wall:
-        orch_loop = statistics.median(iteration_times[("bench", f"o{1000 + i}")] for i in range(runs))
-        metrics["llm.orchestrated.overhead_per_turn.p50_ms"] = (
-            (statistics.median(orch_wall) - 2 * bare_p50) / 2 * 1e3
-        )
-        metrics["llm.orchestrated.loop_overhead_per_turn.p50_ms"] = (orch_loop - 2 * bare_p50) / 2 * 1e3
     return metrics
 
 

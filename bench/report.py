@@ -65,7 +65,9 @@ ROWS = (
     ),
     Row("progress worker → subscriber p50", "ms", None, "plexus.progress.p50", None, False),
     Row("progress worker → subscriber p99", "ms", None, "plexus.progress.p99", None, False),
-    # bench/llm_bench.py: (run of 2 turns + 1 tool - 2 bare SDK calls) / 2, against a fake OpenAI provider.
+    # bench/llm_bench.py: (run of 2 turns + 1 tool - 2 bare SDK calls) / 2, against a fake OpenAI provider,
+    # p50 over rounds that measure both sides back to back.
+    Row("LLM bare SDK call p50 (the baseline)", "ms", None, "llm.bare_call.p50_ms", None, False),
     Row("LLM loop overhead per model turn p50", "ms", None, "llm.overhead_per_turn.p50_ms", None, False),
     Row(
         "LLM loop overhead per model turn, inside the handler p50",
@@ -75,7 +77,23 @@ ROWS = (
         None,
         False,
     ),
+    Row(
+        "LLM loop overhead per model turn, inside the handler ÷ one bare SDK call",
+        "×",
+        None,
+        "llm.loop_overhead_ratio",
+        None,
+        False,
+    ),
     Row("LLM loop CPU per model turn", "ms", None, "llm.cpu_per_turn_ms", None, False),
+    Row(
+        "LLM bench null control (bare pair after the run − before, per call) p50",
+        "ms",
+        None,
+        "llm.null_control_per_call.p50_ms",
+        None,
+        False,
+    ),
     Row(
         "LLM loop overhead per model turn, orchestrated run p50",
         "ms",
@@ -223,6 +241,12 @@ TARGETS = (
         "LLM loop overhead per model turn ≤ 1 ms (inside the handler)",
         _median("llm.loop_overhead_per_turn.p50_ms"),
         1.0,
+        at_most=True,
+    ),
+    Target(
+        "LLM loop overhead per model turn ≤ ⅓ of a bare SDK call (inside the handler; 1 ms at a 3 ms call)",
+        _median("llm.loop_overhead_ratio"),
+        1 / 3,
         at_most=True,
     ),
     Target(
