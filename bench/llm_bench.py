@@ -279,7 +279,9 @@ def main() -> None:
     for name, value in metrics.items():
         print(f"{name:<32} {value:8.2f}")
     result = {
-        "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
+        "metrics": {
+            k: {"unit": "×" if k.endswith("ratio") else "ms", "values": [v]} for k, v in metrics.items()
+        },
         "info": {"runs": args.runs, "journal": not args.no_journal, "orchestrated": not args.no_orchestrator},
     }
     print("RESULT " + json.dumps(result))
