@@ -1,10 +1,11 @@
 """Loop overhead of `plexus.llm.LLMAgent` per model turn, against a fake OpenAI provider on loopback.
 
 ``uv run --no-sync python -m bench.llm_bench [--runs N]``: starts a nats-server, the fake provider in its own
-process (so its CPU is not counted), and an in-process worker. A Plexus run is one message to an `LLMAgent`
-making 2 model turns + 1 tool call (journaled, budget consumed, deltas and progress published); the bare
-baseline is ``AsyncOpenAI.chat.completions.create(stream=True)`` with the very request bodies one Plexus run
-sends (recorded, then replayed: tools and conversation included), reading every chunk.
+process (so its CPU is not counted; it keeps connections alive, as real providers do), and an in-process
+worker. A Plexus run is one message to an `LLMAgent` making 2 model turns + 1 tool call (journaled, budget
+consumed, deltas and progress published); the bare baseline is
+``AsyncOpenAI.chat.completions.create(stream=True)`` with the very request bodies one Plexus run sends
+(recorded, then replayed: tools and conversation included), reading every chunk.
 
 Measured in rounds: a bare pair (the run's two requests, bare), then a Plexus run, then a second bare pair,
 each after `PAUSE_S` of idle (what the previous one left behind is done by then). Each figure is the p50 over
@@ -53,7 +54,8 @@ async def _serve() -> None:
             return Sse(openai_frames("The answer is 5."))
         return Sse(openai_frames("Adding.", [("call_1", "add", '{"a": 2, "b": 3}')]))
 
-    async with FakeProvider(respond) as fake:
+    # Keep-alive, as the real providers: every call of a run, bare or not, reuses the pooled connection.
+    async with FakeProvider(respond, keep_alive=True) as fake:
         print(f"READY {fake.base_url}", flush=True)
         await asyncio.Event().wait()
 

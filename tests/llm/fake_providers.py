@@ -1,6 +1,7 @@
 """Fake LLM providers on real loopback sockets, speaking the real wire formats (for the official SDKs).
 
-`FakeProvider` is a minimal HTTP/1.1 server (one request per connection, ``Connection: close``) driven by a
+`FakeProvider` is a minimal HTTP/1.1 server (one request per connection, ``Connection: close``; with
+``keep_alive=True`` a connection serves one request after another, as real providers' do) driven by a
 responder: a function of the parsed request body that returns a `Sse` stream, a `Status` error or a
 `Drop` (the stream cut mid-way). It counts requests and records every body. The frame builders below make
 the provider-shaped streams: OpenAI chat-completion chunks and Anthropic message events.
@@ -60,9 +61,12 @@ class FakeProvider:
     may block (await nothing: it is sync) — use `hold` to make the Nth request wait on an event instead.
     """
 
-    def __init__(self, responder: Responder, *, base_path: str = "/v1") -> None:
+    def __init__(self, responder: Responder, *, base_path: str = "/v1", keep_alive: bool = False) -> None:
         self._responder = responder
         self._base_path = base_path
+        self._connection = b"keep-alive" if keep_alive else b"close"
+        #: connections accepted so far (with ``keep_alive``, fewer than requests)
+        self.connections = 0
         self.requests: list[dict[str, Any]] = []
         self.paths: list[str] = []
         self.headers: list[dict[str, str]] = []
@@ -100,29 +104,35 @@ class FakeProvider:
             await asyncio.wait_for(self._server.wait_closed(), 2)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         try:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            path = lines[0].split(" ")[1]
-            headers = {
-                k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)
-            }
-            body = await reader.readexactly(int(headers.get("content-length", "0")))
-            parsed = json.loads(body) if body else {}
-            self.requests.append(parsed)
-            self.paths.append(path)
-            self.headers.append(headers)
-            n = len(self.requests)
-            if n in self.arrived:
-                self.arrived[n].set()
-                await self.holds[n].wait()
-            await self._answer(writer, self._responder(parsed))
+            while await self._one(reader, writer) and self._connection == b"keep-alive":
+                pass
         except (asyncio.IncompleteReadError, ConnectionError):
             pass
         finally:
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
+
+    async def _one(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bool:
+        """Read and answer one request; False when the connection must close after it (a `Drop`)."""
+        head = await reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        path = lines[0].split(" ")[1]
+        headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        body = await reader.readexactly(int(headers.get("content-length", "0")))
+        parsed = json.loads(body) if body else {}
+        self.requests.append(parsed)
+        self.paths.append(path)
+        self.headers.append(headers)
+        n = len(self.requests)
+        if n in self.arrived:
+            self.arrived[n].set()
+            await self.holds[n].wait()
+        answer = self._responder(parsed)
+        await self._answer(writer, answer)
+        return not isinstance(answer, Drop)
 
     async def _answer(self, writer: asyncio.StreamWriter, answer: Answer) -> None:
         if isinstance(answer, Status):
@@ -131,13 +141,16 @@ class FakeProvider:
             reason = _REASONS.get(answer.code, "Error")
             writer.write(
                 f"HTTP/1.1 {answer.code} {reason}\r\ncontent-type: application/json\r\n"
-                f"content-length: {len(payload)}\r\n{extra}connection: close\r\n\r\n".encode()
+                f"content-length: {len(payload)}\r\n{extra}".encode()
+                + b"connection: "
+                + self._connection
+                + b"\r\n\r\n"
                 + payload
             )
             await writer.drain()
             return
         writer.write(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ncache-control: no-cache\r\n")
-        writer.write(b"transfer-encoding: chunked\r\nconnection: close\r\n\r\n")
+        writer.write(b"transfer-encoding: chunked\r\nconnection: " + self._connection + b"\r\n\r\n")
         for frame in answer.frames:
             data = frame.encode()
             writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")

@@ -22,6 +22,7 @@ from plexus.core import (
 )
 from plexus.llm import (
     AuthenticationError,
+    BadRequestError,
     ModelRequest,
     OpenAIChatModel,
     ProviderUnavailableError,
@@ -182,3 +183,30 @@ async def test_sdk_retries_are_the_sdks() -> None:
         turn = await complete(OpenAIChatModel(client, "m"), ModelRequest(items=[_user("hi")]))
     assert turn.item.text == "fine"
     assert fake.count == 2
+
+
+async def test_keep_alive_serves_calls_on_one_connection_and_a_drop_closes_it() -> None:
+    """The bench's fake keeps connections alive, as real providers do: the SDK's pool reuses one connection
+    for calls in a row, errors included; a stream cut mid-way ends its connection and the next call opens
+    another."""
+    frames = openai_frames("cut", [("c", "f", '{"a": 1}')])
+    answers: Iterator[Answer] = iter(
+        [
+            Sse(openai_frames("one")),
+            Status(400, {"error": {"message": "bad"}}),
+            Sse(openai_frames("two")),
+            Drop(frames[:3]),
+            Sse(openai_frames("three")),
+        ]
+    )
+    async with FakeProvider(lambda _: next(answers), keep_alive=True) as fake:
+        model = _model(fake)
+        assert (await complete(model, ModelRequest(items=[_user("1")]))).item.text == "one"
+        with pytest.raises(BadRequestError):
+            await complete(model, ModelRequest(items=[_user("2")]))
+        assert (await complete(model, ModelRequest(items=[_user("3")]))).item.text == "two"
+        assert fake.connections == 1
+        with pytest.raises(ProviderUnavailableError):
+            await complete(model, ModelRequest(items=[_user("4")]))
+        assert (await complete(model, ModelRequest(items=[_user("5")]))).item.text == "three"
+    assert (fake.count, fake.connections) == (5, 2)
