@@ -5,9 +5,11 @@ Starts its own nats-server, then for each system starts the serving side and a c
 medians, writes ``bench/results/latest.json`` and refreshes the table in ``docs/benchmarks.md``.
 
 AutoGen is installed by this script into ``.bench-venv/autogen`` with uv (never a dependency of Plexus);
-if that fails its column reads ``n/a (reason)``. ``--loop uvloop`` installs uvloop into
-``.bench-venv/uvloop`` (again outside the project's environment) and runs raw and Plexus processes on it
-(the orchestrator the budget scenario needs is started as ``plexus orchestrator`` runs it, on asyncio).
+if that fails its column reads ``n/a (reason)``. So is the OpenAI Agents SDK, into
+``.bench-venv/openai-agents``, for the LLM loop's peer rows (`bench.agents_bench`; without it those rows
+are missing). ``--loop uvloop`` installs uvloop into ``.bench-venv/uvloop`` (again outside the project's
+environment) and runs raw and Plexus processes on it (the orchestrator the budget scenario needs is started
+as ``plexus orchestrator`` runs it, on asyncio).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 VENVS = REPO / ".bench-venv"
 AUTOGEN_PINS = ("autogen-core==0.7.5", "autogen-ext[grpc]==0.7.5")
+AGENTS_PINS = ("openai-agents==0.24.0",)
 
 
 class BenchError(RuntimeError):
@@ -148,10 +151,21 @@ def _quiet(cmd: list[str], timeout: float = 600.0) -> subprocess.CompletedProces
 
 
 def ensure_autogen(uv: str | None) -> tuple[str | None, str]:
-    """(python of the AutoGen venv, "") or (None, reason). Reuses the venv when it already imports."""
-    venv = VENVS / "autogen"
+    """(python of the AutoGen venv, "") or (None, reason)."""
+    return ensure_venv(uv, "autogen", AUTOGEN_PINS, "import autogen_ext.runtimes.grpc, autogen_core")
+
+
+def ensure_agents(uv: str | None) -> tuple[str | None, str]:
+    """(python of the OpenAI Agents SDK venv, "") or (None, reason)."""
+    return ensure_venv(uv, "openai-agents", AGENTS_PINS, "import agents, openai")
+
+
+def ensure_venv(uv: str | None, name: str, pins: tuple[str, ...], probe_code: str) -> tuple[str | None, str]:
+    """(python of ``.bench-venv/<name>`` with ``pins`` installed, "") or (None, reason). Reuses the venv when
+    ``probe_code`` already runs in it."""
+    venv = VENVS / name
     python = venv / "bin" / "python"
-    probe = [str(python), "-c", "import autogen_ext.runtimes.grpc, autogen_core"]
+    probe = [str(python), "-c", probe_code]
     if python.exists() and _quiet(probe).returncode == 0:
         return str(python), ""
     if uv is None:
@@ -159,11 +173,11 @@ def ensure_autogen(uv: str | None) -> tuple[str | None, str]:
     made = _quiet([uv, "venv", "--quiet", "--python", sys.executable, str(venv)])
     if made.returncode != 0:
         return None, "uv venv failed: " + _last_line(made.stderr)
-    installed = _quiet([uv, "pip", "install", "--quiet", "--python", str(python), *AUTOGEN_PINS])
+    installed = _quiet([uv, "pip", "install", "--quiet", "--python", str(python), *pins])
     if installed.returncode != 0:
         return None, "install failed: " + _last_line(installed.stderr)
     if _quiet(probe).returncode != 0:
-        return None, "autogen-ext[grpc] does not import"
+        return None, f"{' '.join(pins)} does not import"
     return str(python), ""
 
 
@@ -316,6 +330,25 @@ def main() -> int:
                 result = procs.client("plexus-llm", llm_cmd, client_timeout)
             metrics.update(result["metrics"])
             client_info["plexus-llm"] = result["info"]
+            print(
+                "bench: the OpenAI Agents SDK's loop, the same way (.bench-venv/openai-agents) …", flush=True
+            )
+            agents_python, reason = ensure_agents(uv)
+            if agents_python is None:
+                print(f"bench: OpenAI Agents SDK not measured: {reason}", flush=True)
+                client_info["openai-agents"] = {"missing": reason}
+            else:
+                with phase(logs, env) as procs:
+                    agents_cmd = [
+                        agents_python,
+                        "-m",
+                        "bench.agents_bench",
+                        "--runs",
+                        "50" if args.quick else "300",
+                    ]
+                    result = procs.client("openai-agents", agents_cmd, client_timeout)
+                metrics.update(result["metrics"])
+                client_info["openai-agents"] = result["info"]
             print("bench: Plexus scale-out (1, 2, 4 worker processes, 50 ms handlers) …", flush=True)
             with phase(logs, env) as procs:
                 scale_cmd = [py, "-m", "bench.scale_bench", "--url", server.url, "--mode", mode]
