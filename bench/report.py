@@ -110,22 +110,28 @@ ROWS = (
         None,
         False,
     ),
-    # bench/agents_bench.py: the OpenAI Agents SDK measured the same way (same fake, same rounds, same run).
-    Row(
-        "peer: OpenAI Agents SDK loop overhead per model turn p50 (streamed, in-process)",
-        "ms",
-        None,
-        "peer.agents.loop_overhead_per_turn.p50_ms",
-        None,
-        False,
-    ),
-    Row(
-        "peer: OpenAI Agents SDK loop overhead per model turn ÷ one bare SDK call",
-        "×",
-        None,
-        "peer.agents.loop_overhead_ratio",
-        None,
-        False,
+    # bench/peer_bench.py: LLM-loop peers measured the same way (same fake, same rounds, same run).
+    *(
+        row
+        for peer, key in (("OpenAI Agents SDK", "agents"), ("pydantic-ai", "pydantic_ai"))
+        for row in (
+            Row(
+                f"peer: {peer} loop overhead per model turn p50 (streamed, in-process)",
+                "ms",
+                None,
+                f"peer.{key}.loop_overhead_per_turn.p50_ms",
+                None,
+                False,
+            ),
+            Row(
+                f"peer: {peer} loop overhead per model turn ÷ one bare SDK call",
+                "×",
+                None,
+                f"peer.{key}.loop_overhead_ratio",
+                None,
+                False,
+            ),
+        )
     ),
     # bench/scale_bench.py: a durable type whose handler awaits 50 ms, 4 handlers at once per worker process.
     *(

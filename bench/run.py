@@ -5,11 +5,11 @@ Starts its own nats-server, then for each system starts the serving side and a c
 medians, writes ``bench/results/latest.json`` and refreshes the table in ``docs/benchmarks.md``.
 
 AutoGen is installed by this script into ``.bench-venv/autogen`` with uv (never a dependency of Plexus);
-if that fails its column reads ``n/a (reason)``. So is the OpenAI Agents SDK, into
-``.bench-venv/openai-agents``, for the LLM loop's peer rows (`bench.agents_bench`; without it those rows
-are missing). ``--loop uvloop`` installs uvloop into ``.bench-venv/uvloop`` (again outside the project's
-environment) and runs raw and Plexus processes on it (the orchestrator the budget scenario needs is started
-as ``plexus orchestrator`` runs it, on asyncio).
+if that fails its column reads ``n/a (reason)``. So are the LLM loop's peers (`PEERS`: the OpenAI Agents
+SDK, pydantic-ai), each into ``.bench-venv/<peer>``, for their rows (`bench.peer_bench`; a peer that does not
+install has no rows). ``--loop uvloop`` installs uvloop into ``.bench-venv/uvloop`` (again outside the
+project's environment) and runs raw and Plexus processes on it (the orchestrator the budget scenario needs
+is started as ``plexus orchestrator`` runs it, on asyncio).
 """
 
 from __future__ import annotations
@@ -41,7 +41,11 @@ REPO = Path(__file__).resolve().parents[1]
 RESULTS = REPO / "bench" / "results"
 VENVS = REPO / ".bench-venv"
 AUTOGEN_PINS = ("autogen-core==0.7.5", "autogen-ext[grpc]==0.7.5")
-AGENTS_PINS = ("openai-agents==0.24.0",)
+#: LLM-loop peers measured as Plexus is (`bench.peer_bench`): name -> (pins, what must import)
+PEERS = {
+    "openai-agents": (("openai-agents==0.24.0",), "import agents, openai"),
+    "pydantic-ai": (("pydantic-ai-slim[openai]==2.68.0",), "import pydantic_ai, openai"),
+}
 
 
 class BenchError(RuntimeError):
@@ -153,11 +157,6 @@ def _quiet(cmd: list[str], timeout: float = 600.0) -> subprocess.CompletedProces
 def ensure_autogen(uv: str | None) -> tuple[str | None, str]:
     """(python of the AutoGen venv, "") or (None, reason)."""
     return ensure_venv(uv, "autogen", AUTOGEN_PINS, "import autogen_ext.runtimes.grpc, autogen_core")
-
-
-def ensure_agents(uv: str | None) -> tuple[str | None, str]:
-    """(python of the OpenAI Agents SDK venv, "") or (None, reason)."""
-    return ensure_venv(uv, "openai-agents", AGENTS_PINS, "import agents, openai")
 
 
 def ensure_venv(uv: str | None, name: str, pins: tuple[str, ...], probe_code: str) -> tuple[str | None, str]:
@@ -330,25 +329,19 @@ def main() -> int:
                 result = procs.client("plexus-llm", llm_cmd, client_timeout)
             metrics.update(result["metrics"])
             client_info["plexus-llm"] = result["info"]
-            print(
-                "bench: the OpenAI Agents SDK's loop, the same way (.bench-venv/openai-agents) …", flush=True
-            )
-            agents_python, reason = ensure_agents(uv)
-            if agents_python is None:
-                print(f"bench: OpenAI Agents SDK not measured: {reason}", flush=True)
-                client_info["openai-agents"] = {"missing": reason}
-            else:
+            for peer, (pins, probe) in PEERS.items():
+                print(f"bench: the {peer} loop, the same way (.bench-venv/{peer}) …", flush=True)
+                peer_python, reason = ensure_venv(uv, peer, pins, probe)
+                if peer_python is None:
+                    print(f"bench: {peer} not measured: {reason}", flush=True)
+                    client_info[peer] = {"missing": reason}
+                    continue
                 with phase(logs, env) as procs:
-                    agents_cmd = [
-                        agents_python,
-                        "-m",
-                        "bench.agents_bench",
-                        "--runs",
-                        "50" if args.quick else "300",
-                    ]
-                    result = procs.client("openai-agents", agents_cmd, client_timeout)
+                    runs = "50" if args.quick else "300"
+                    peer_cmd = [peer_python, "-m", "bench.peer_bench", "--peer", peer, "--runs", runs]
+                    result = procs.client(peer, peer_cmd, client_timeout)
                 metrics.update(result["metrics"])
-                client_info["openai-agents"] = result["info"]
+                client_info[peer] = result["info"]
             print("bench: Plexus scale-out (1, 2, 4 worker processes, 50 ms handlers) …", flush=True)
             with phase(logs, env) as procs:
                 scale_cmd = [py, "-m", "bench.scale_bench", "--url", server.url, "--mode", mode]
