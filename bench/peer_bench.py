@@ -1,10 +1,10 @@
 """Peers measured as `bench.llm_bench` measures Plexus: their loop overhead per model turn.
 
 Run by ``make bench`` with the interpreter of each peer's own venv (never a dependency of Plexus):
-``.bench-venv/<peer>/bin/python -m bench.peer_bench --peer openai-agents|pydantic-ai [--runs N]``. The same
+``.bench-venv/<peer>/bin/python -m bench.peer_bench --peer <peer> [--runs N]`` (`PEERS`). The same
 fake OpenAI provider (keep-alive, its own process) answers the same 2-turn conversation: a streamed run of an
-agent with one sync tool, ``add``, makes 2 model calls and 1 tool call, as a Plexus run does (both peers, like
-Plexus, run a sync tool in a thread).
+agent with one sync tool, ``add``, makes 2 model calls and 1 tool call, as a Plexus run does (every peer, like
+Plexus, runs a sync tool in a thread).
 
 Rounds as in `bench.llm_bench`: a bare pair (the two request bodies this peer sends, recorded from one run and
 replayed through ``AsyncOpenAI.chat.completions.create(stream=True)``), a run, a second bare pair, each
@@ -19,6 +19,7 @@ import argparse
 import asyncio
 import json
 import time
+import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -79,10 +80,47 @@ async def _pydantic_ai(client: Any) -> Callable[[], Awaitable[str]]:
     return run
 
 
+async def _langgraph(client: Any) -> Callable[[], Awaitable[str]]:
+    """LangGraph: the prebuilt ReAct agent over langchain-openai's ``ChatOpenAI`` (streaming), every message
+    chunk read (``stream_mode="messages"``)."""
+    from langchain_core.tools import tool  # type: ignore[import-not-found,unused-ignore]
+    from langchain_openai import ChatOpenAI  # type: ignore[import-not-found,unused-ignore]
+
+    with (
+        warnings.catch_warnings()
+    ):  # moving to `langchain.agents` in LangGraph 2; still LangGraph's own in 1.x
+        warnings.simplefilter("ignore")
+        from langgraph.prebuilt import create_react_agent  # type: ignore[import-not-found,unused-ignore]
+
+    @tool  # type: ignore[untyped-decorator,unused-ignore]
+    def add(a: int, b: int) -> int:
+        """Add."""
+        return a + b
+
+    model = ChatOpenAI(
+        model="m", api_key="bench", base_url=str(client.base_url), streaming=True, max_retries=0
+    )
+    # Its own AsyncOpenAI, pointed at the recording one: every request goes through the same wrapper.
+    model.async_client = client.chat.completions
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph = create_react_agent(model, [add])
+
+    async def run() -> str:
+        last = ""
+        async for chunk, _meta in graph.astream({"messages": [("user", "2+3?")]}, stream_mode="messages"):
+            if getattr(chunk, "type", "") == "AIMessageChunk" and chunk.content:
+                last += chunk.content
+        return last.removeprefix("Adding.")
+
+    return run
+
+
 #: peer -> (what builds its run, the prefix of its metrics)
 PEERS: dict[str, tuple[Callable[[Any], Awaitable[Callable[[], Awaitable[str]]]], str]] = {
     "openai-agents": (_openai_agents, "peer.agents."),
     "pydantic-ai": (_pydantic_ai, "peer.pydantic_ai."),
+    "langgraph": (_langgraph, "peer.langgraph."),
 }
 
 

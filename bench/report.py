@@ -113,7 +113,11 @@ ROWS = (
     # bench/peer_bench.py: LLM-loop peers measured the same way (same fake, same rounds, same run).
     *(
         row
-        for peer, key in (("OpenAI Agents SDK", "agents"), ("pydantic-ai", "pydantic_ai"))
+        for peer, key in (
+            ("OpenAI Agents SDK", "agents"),
+            ("pydantic-ai", "pydantic_ai"),
+            ("LangGraph", "langgraph"),
+        )
         for row in (
             Row(
                 f"peer: {peer} loop overhead per model turn p50 (streamed, in-process)",

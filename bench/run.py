@@ -5,11 +5,11 @@ Starts its own nats-server, then for each system starts the serving side and a c
 medians, writes ``bench/results/latest.json`` and refreshes the table in ``docs/benchmarks.md``.
 
 AutoGen is installed by this script into ``.bench-venv/autogen`` with uv (never a dependency of Plexus);
-if that fails its column reads ``n/a (reason)``. So are the LLM loop's peers (`PEERS`: the OpenAI Agents
-SDK, pydantic-ai), each into ``.bench-venv/<peer>``, for their rows (`bench.peer_bench`; a peer that does not
-install has no rows). ``--loop uvloop`` installs uvloop into ``.bench-venv/uvloop`` (again outside the
-project's environment) and runs raw and Plexus processes on it (the orchestrator the budget scenario needs
-is started as ``plexus orchestrator`` runs it, on asyncio).
+if that fails its column reads ``n/a (reason)``. So are the LLM loop's peers (`PEERS`: the OpenAI
+Agents SDK, pydantic-ai, LangGraph), each into ``.bench-venv/<peer>``, for their rows
+(`bench.peer_bench`; a peer that does not install has no rows). ``--loop uvloop`` installs uvloop into
+``.bench-venv/uvloop`` (again outside the project's environment) and runs raw and Plexus processes on it
+(the orchestrator the budget scenario needs is started as ``plexus orchestrator`` runs it, on asyncio).
 """
 
 from __future__ import annotations
@@ -45,6 +45,10 @@ AUTOGEN_PINS = ("autogen-core==0.7.5", "autogen-ext[grpc]==0.7.5")
 PEERS = {
     "openai-agents": (("openai-agents==0.24.0",), "import agents, openai"),
     "pydantic-ai": (("pydantic-ai-slim[openai]==2.68.0",), "import pydantic_ai, openai"),
+    "langgraph": (
+        ("langgraph==1.2.22", "langchain-openai==1.7.4"),
+        "import langgraph.prebuilt, langchain_openai",
+    ),
 }
 
 
