@@ -38,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -66,7 +66,7 @@ PAUSE_S = 0.005
 
 
 @dataclasses.dataclass
-class _Rounds:
+class Rounds:
     """Per round: the first bare pair, the Plexus run and its loop iterations, the second bare pair (wall
     seconds), and CPU seconds of the first bare pair and of the run."""
 
@@ -96,6 +96,48 @@ class _Rounds:
             * 1e3,
             f"{prefix}null_control_per_call.p50_ms": per_turn(self.bare_again, self.bare),
         }
+
+
+def bare_pair(create: Any, bodies: list[dict[str, Any]]) -> Callable[[], Awaitable[tuple[float, float]]]:
+    """A bare pair: ``bodies`` sent through ``create`` (``chat.completions.create``) one after the other,
+    every chunk read, after `PAUSE_S` of idle; (wall, CPU) seconds."""
+
+    async def pair() -> tuple[float, float]:
+        await asyncio.sleep(PAUSE_S)
+        t0, c0 = time.perf_counter(), time.process_time()
+        for body in bodies:
+            stream = await create(**body)
+            async for _ in stream:
+                pass
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    return pair
+
+
+async def measure_rounds(
+    runs: int,
+    pair: Callable[[], Awaitable[tuple[float, float]]],
+    run: Callable[[int], Awaitable[object]],
+    loop_time: Callable[[int], float] | None = None,
+) -> Rounds:
+    """`runs` rounds (after 20 that warm up) of: ``pair()``, ``run(i)``, ``pair()``, each after `PAUSE_S`
+    of idle. ``loop_time(i)``: the part of run ``i`` that is the loop (default: all of it)."""
+    rounds = Rounds()
+    for i in range(20 + runs):
+        bare, bare_cpu = await pair()
+        await asyncio.sleep(PAUSE_S)
+        t0, c0 = time.perf_counter(), time.process_time()
+        await run(i)
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
+        again, _ = await pair()
+        if i >= 20:
+            rounds.bare.append(bare)
+            rounds.bare_cpu.append(bare_cpu)
+            rounds.run.append(wall)
+            rounds.run_cpu.append(cpu)
+            rounds.loop.append(wall if loop_time is None else loop_time(i))
+            rounds.bare_again.append(again)
+    return rounds
 
 
 async def _measure(
@@ -129,34 +171,6 @@ async def _measure(
         chat=SimpleNamespace(completions=SimpleNamespace(create=recording_create))
     )
 
-    async def bare_pair() -> tuple[float, float]:
-        await asyncio.sleep(PAUSE_S)
-        t0, c0 = time.perf_counter(), time.process_time()
-        for body in bodies:
-            stream = await client.chat.completions.create(**body)
-            async for _ in stream:
-                pass
-        return time.perf_counter() - t0, time.process_time() - c0
-
-    async def measure(run: Any, key: str) -> _Rounds:
-        """`runs` rounds (after 20 to warm up) of: bare pair, ``run(key + n)``, bare pair."""
-        rounds = _Rounds()
-        for i in range(20 + runs):
-            bare, bare_cpu = await bare_pair()
-            await asyncio.sleep(PAUSE_S)
-            t0, c0 = time.perf_counter(), time.process_time()
-            await run(f"{key}{i}")
-            wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-            again, _ = await bare_pair()
-            if i >= 20:
-                rounds.bare.append(bare)
-                rounds.bare_cpu.append(bare_cpu)
-                rounds.run.append(wall)
-                rounds.run_cpu.append(cpu)
-                rounds.loop.append(iteration_times[("bench", f"{key}{i}")])
-                rounds.bare_again.append(again)
-        return rounds
-
     server = None if nats_url else NatsServer()
     if server is not None:
         server.start()
@@ -181,21 +195,29 @@ async def _measure(
             if len(bodies) != 2:
                 raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
 
-            async def plain_run(key: str) -> None:
-                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", key), timeout=30)
+            pair = bare_pair(client.chat.completions.create, bodies)
 
-            metrics = (await measure(plain_run, "k")).metrics("llm.")
+            async def plain_run(i: int) -> None:
+                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
+
+            rounds = await measure_rounds(
+                runs, pair, plain_run, lambda i: iteration_times[("bench", f"k{i}")]
+            )
+            metrics = rounds.metrics("llm.")
             if orchestrated:
                 with _orchestrator(url):
                     budget = ExecutionBudget(max_tokens=10**12)
 
-                    async def orchestrated_run(key: str) -> None:
+                    async def orchestrated_run(i: int) -> None:
                         run_id = await rt.start_run(
-                            AgentId("bench", key), [TextBlock(text="2+3?")], budget=budget
+                            AgentId("bench", f"o{i}"), [TextBlock(text="2+3?")], budget=budget
                         )
                         await rt.run_result(run_id, timeout=30)
 
-                    metrics.update((await measure(orchestrated_run, "o")).metrics("llm.orchestrated."))
+                    rounds = await measure_rounds(
+                        runs, pair, orchestrated_run, lambda i: iteration_times[("bench", f"o{i}")]
+                    )
+                metrics.update(rounds.metrics("llm.orchestrated."))
         finally:
             await rt.close()
             await worker.stop(drain_timeout=5)

@@ -18,12 +18,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import time
 import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from bench.llm_bench import PAUSE_S, _Rounds, fake_provider
+from bench.llm_bench import bare_pair, fake_provider, measure_rounds
 
 
 async def _openai_agents(client: Any) -> Callable[[], Awaitable[str]]:
@@ -145,30 +144,10 @@ async def _measure(base_url: str, runs: int, peer: str) -> dict[str, float]:
     if len(bodies) != 2 or answer != "The answer is 5.":
         raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}, answer {answer!r}")
 
-    async def bare_pair() -> tuple[float, float]:
-        await asyncio.sleep(PAUSE_S)
-        t0, c0 = time.perf_counter(), time.process_time()
-        for body in bodies:
-            stream = await create(**body)
-            async for _ in stream:
-                pass
-        return time.perf_counter() - t0, time.process_time() - c0
-
-    rounds = _Rounds()
-    for i in range(20 + runs):
-        bare, bare_cpu = await bare_pair()
-        await asyncio.sleep(PAUSE_S)
-        t0, c0 = time.perf_counter(), time.process_time()
+    async def one(_i: int) -> None:
         await run()
-        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
-        again, _ = await bare_pair()
-        if i >= 20:
-            rounds.bare.append(bare)
-            rounds.bare_cpu.append(bare_cpu)
-            rounds.run.append(wall)
-            rounds.run_cpu.append(cpu)
-            rounds.loop.append(wall)  # in-process: the whole run is the loop
-            rounds.bare_again.append(again)
+
+    rounds = await measure_rounds(runs, bare_pair(create, bodies), one)
     metrics = rounds.metrics(prefix)
     del metrics[f"{prefix}overhead_per_turn.p50_ms"]  # the same as the loop's: one figure
     return metrics
