@@ -85,9 +85,8 @@ async def _langgraph(client: Any) -> Callable[[], Awaitable[str]]:
     from langchain_core.tools import tool  # type: ignore[import-not-found,unused-ignore]
     from langchain_openai import ChatOpenAI  # type: ignore[import-not-found,unused-ignore]
 
-    with (
-        warnings.catch_warnings()
-    ):  # moving to `langchain.agents` in LangGraph 2; still LangGraph's own in 1.x
+    # LangGraph 1.x's own prebuilt agent; its import warns that it moves to `langchain.agents` in LangGraph 2.
+    with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         from langgraph.prebuilt import create_react_agent  # type: ignore[import-not-found,unused-ignore]
 
@@ -106,11 +105,11 @@ async def _langgraph(client: Any) -> Callable[[], Awaitable[str]]:
         graph = create_react_agent(model, [add])
 
     async def run() -> str:
-        last = ""
+        texts: dict[str, str] = {}  # message id -> its text, in order: the last is the answer
         async for chunk, _meta in graph.astream({"messages": [("user", "2+3?")]}, stream_mode="messages"):
             if getattr(chunk, "type", "") == "AIMessageChunk" and chunk.content:
-                last += chunk.content
-        return last.removeprefix("Adding.")
+                texts[chunk.id] = texts.get(chunk.id, "") + chunk.content
+        return list(texts.values())[-1] if texts else ""
 
     return run
 
