@@ -9,6 +9,11 @@ component's cost is the p50 over rounds of (baseline − variant), halved: per m
 Why pairs: on the shared 2-core machine the same code's figures move by a factor of two between minutes
 (docs/llm.md), while two variants measured in the same round see the same phase. Printed as a table and
 one ``RESULT <json>`` line; not part of ``make bench``, not asserted anywhere.
+
+One more type measures the loop directly rather than by a difference: its model client replays the chunks the
+SDK parsed from the fake for the same two requests (recorded once, before the rounds), so its loop iterations
+are Plexus's own work per turn (progress, deltas, journal and its waits, usage, the tool step) with the HTTP
+call and the SDK's request and response handling left out.
 """
 
 from __future__ import annotations
@@ -17,6 +22,9 @@ import argparse
 import asyncio
 import json
 import statistics
+from collections.abc import AsyncIterator
+from types import SimpleNamespace
+from typing import Any
 
 from bench.llm_bench import fake_provider, iteration_timer
 
@@ -58,7 +66,31 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
     app.register(
         "async-tool", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add_async], middleware=timing)
     )
-    types = ["baseline", *VARIANTS]
+    # Chunks as the SDK parsed them, per request shape (the first call of a run, the one after the tool).
+    recorded: dict[bool, list[Any]] = {}
+
+    async def record(**body: Any) -> AsyncIterator[Any]:
+        after_tool = any(m["role"] == "tool" for m in body["messages"])
+        recorded[after_tool] = [chunk async for chunk in await client.chat.completions.create(**body)]
+        return await replay(**body)
+
+    async def replay(**body: Any) -> AsyncIterator[Any]:
+        chunks = recorded[any(m["role"] == "tool" for m in body["messages"])]
+
+        async def stream() -> AsyncIterator[Any]:
+            for chunk in chunks:
+                yield chunk
+
+        return stream()
+
+    def sdk(create: Any) -> Any:
+        return SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
+
+    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(sdk(record), "m"), tools=[add]))
+    app.register(
+        "replayed", lambda _id: LLMAgent(OpenAIChatModel(sdk(replay), "m"), tools=[add], middleware=timing)
+    )
+    types = ["baseline", *VARIANTS, "replayed"]
     server = NatsServer()
     server.start()
     try:
@@ -67,6 +99,9 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
         await worker.start()
         rt = await Runtime.connect(server.url)
         try:
+            await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
+            if len(recorded) != 2:
+                raise SystemExit(f"expected a run of 2 distinct model calls, recorded {len(recorded)}")
             for i in range(runs + 20):  # the first 20 rounds warm up (connections, caches)
                 for type_ in types[i % len(types) :] + types[: i % len(types)]:
                     await rt.send_message([TextBlock(text="2+3?")], AgentId(type_, f"r{i}"), timeout=30)
@@ -80,6 +115,9 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
     metrics = {
         "llm.loop_2turns.p50_ms": statistics.median(times[("baseline", f"r{i}")] for i in rounds) * 1e3
     }
+    metrics["llm.loop_alone_per_turn.p50_ms"] = (
+        statistics.median(times[("replayed", f"r{i}")] for i in rounds) / 2 * 1e3
+    )
     for variant in VARIANTS:
         diffs = [times[("baseline", f"r{i}")] - times[(variant, f"r{i}")] for i in rounds]
         metrics[f"llm.cost_per_turn.{variant}.p50_ms"] = statistics.median(diffs) / 2 * 1e3
@@ -93,6 +131,10 @@ def main() -> None:
     with fake_provider() as base_url:
         metrics = asyncio.run(_measure(base_url, args.runs))
     print(f"loop iterations of a 2-turn run, p50: {metrics['llm.loop_2turns.p50_ms']:.2f} ms")
+    print(
+        "per model turn, the loop alone (the SDK's calls replayed from recorded chunks): "
+        f"{metrics['llm.loop_alone_per_turn.p50_ms']:.3f} ms"
+    )
     for variant, what in VARIANTS.items():
         print(f"per model turn, {what}: {metrics[f'llm.cost_per_turn.{variant}.p50_ms']:.3f} ms")
     result = {
