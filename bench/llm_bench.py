@@ -167,9 +167,7 @@ async def _measure(
         bodies.append(body)
         return await client.chat.completions.create(**body)
 
-    recorder: Any = SimpleNamespace(
-        chat=SimpleNamespace(completions=SimpleNamespace(create=recording_create))
-    )
+    recorder = client_with(recording_create)
 
     server = None if nats_url else NatsServer()
     if server is not None:
@@ -226,6 +224,12 @@ async def _measure(
         if server is not None:
             server.stop()
     return metrics
+
+
+def client_with(create: Callable[..., Awaitable[Any]]) -> Any:
+    """What `OpenAIChatModel` uses of an ``AsyncOpenAI`` client, with ``chat.completions.create`` = ``create``
+    (a recording or replaying stand-in for the real call)."""
+    return SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
 
 
 def iteration_timer(times: dict[tuple[str, str], float]) -> Any:

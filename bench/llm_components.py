@@ -23,10 +23,9 @@ import asyncio
 import json
 import statistics
 from collections.abc import AsyncIterator
-from types import SimpleNamespace
 from typing import Any
 
-from bench.llm_bench import fake_provider, iteration_timer
+from bench.llm_bench import client_with, fake_provider, iteration_timer
 
 #: variant -> what it leaves out of the baseline (the component whose cost it measures)
 VARIANTS = {
@@ -83,12 +82,10 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
 
         return stream()
 
-    def sdk(create: Any) -> Any:
-        return SimpleNamespace(chat=SimpleNamespace(completions=SimpleNamespace(create=create)))
-
-    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(sdk(record), "m"), tools=[add]))
+    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(client_with(record), "m"), tools=[add]))
     app.register(
-        "replayed", lambda _id: LLMAgent(OpenAIChatModel(sdk(replay), "m"), tools=[add], middleware=timing)
+        "replayed",
+        lambda _id: LLMAgent(OpenAIChatModel(client_with(replay), "m"), tools=[add], middleware=timing),
     )
     types = ["baseline", *VARIANTS, "replayed"]
     server = NatsServer()
