@@ -24,6 +24,14 @@ from plexus.runtime import Agent, App, Context
 
 app = App()
 
+#: Leaf key -> set once that leaf has made its first step in this process (a root's ``after`` waits for it;
+#: meaningful when the root and that leaf run in the same worker process).
+_first_steps: dict[str, asyncio.Event] = {}
+
+
+def _first_step(key: str) -> asyncio.Event:
+    return _first_steps.setdefault(key, asyncio.Event())
+
 
 def _text(blocks: list[BaseBlock]) -> str:
     return "".join(getattr(b, "text", "") for b in blocks)
@@ -58,7 +66,11 @@ class Root(Agent):
                 return f"error:{exc.error_type}"
 
         async def spec(i: int, item: dict[str, object]) -> str:
-            # Staggered children with their own priority and command (for preemption).
+            # Staggered children with their own priority and command (for preemption): ``after`` waits until
+            # spec ``after``'s leaf has made its first step (a fixed delay alone raced its slow activation).
+            if "after" in item:
+                after = _first_step(f"{ctx.agent_id.key}-s{item['after']}")
+                await asyncio.wait_for(after.wait(), 30)
             await asyncio.sleep(float(str(item.get("delay", 0))))
             try:
                 reply = await ctx.spawn(
@@ -100,6 +112,7 @@ class Leaf(Agent):
             if cmd.get("checkpoint"):
                 await ctx.checkpoint()
             await ctx.emit_progress("thinking", [TextBlock(text=f"step {step + 1} pid={os.getpid()}")])
+            _first_step(ctx.agent_id.key).set()
             if sleep:
                 await asyncio.sleep(sleep)
         return [TextBlock(text=f"{ctx.agent_id.key} did {steps} steps from {start}")]

@@ -199,8 +199,10 @@ async def test_high_priority_spawn_preempts_the_lowest_priority_agent(
     # finished before the HIGH child started, 1.7 s or more after it, and had nothing left to resume; with
     # 40, twice on 2026-11-26, the HIGH child started 4.7 s after the LOW one (0.5 s when run alone).
     low = {"priority": int(Priority.LOW), "leaf": {"steps": 80, "tokens": 1, "sleep": 0.1}}
-    # The HIGH child works for ~1.5 s, so a LOW child that was not really paused would show steps in it.
-    high = {"priority": int(Priority.HIGH), "delay": 0.5, "leaf": {"steps": 15, "sleep": 0.1}}
+    # The HIGH child works for ~1.5 s, so a LOW child that was not really paused would show steps in it. It is
+    # spawned 0.5 s after the LOW child's first step (one worker runs both): with a fixed 0.5 s after the LOW
+    # child's spawn, a loaded R3 cluster once started the HIGH child before the LOW child had made any step.
+    high = {"priority": int(Priority.HIGH), "after": 0, "delay": 0.5, "leaf": {"steps": 15, "sleep": 0.1}}
     run_id = await runtime.start_run(
         AgentId("root", "preempt"),
         cmd(specs=[low, high]),
