@@ -9,9 +9,8 @@ reasoning without a signature (from another provider) is dropped because the API
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import anthropic
 import httpx2
 
 from plexus.core import (
@@ -49,6 +48,9 @@ from ._events import (
 )
 from ._openai import _retry_after
 
+if TYPE_CHECKING:
+    import anthropic
+
 __all__ = ["AnthropicModel", "anthropic_messages", "anthropic_request", "anthropic_tools"]
 
 _SYSTEM_KINDS = (ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT)
@@ -66,6 +68,10 @@ class AnthropicModel:
         return self._model
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        # Imported here, not at the top: the SDK takes ≈ 2.5 s to import, paid only by a process that calls it
+        # (whoever built the client has imported it already).
+        import anthropic
+
         body = anthropic_request(self._model, request)
         parser = _EventParser()
         try:
@@ -266,6 +272,8 @@ class _EventParser:
 
 
 def _map_error(exc: anthropic.APIError) -> ProviderError:
+    import anthropic
+
     message = str(getattr(exc, "message", "") or exc)
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code

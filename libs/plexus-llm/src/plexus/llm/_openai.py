@@ -5,10 +5,9 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx2
-import openai
 
 from plexus.core import (
     AudioBlock,
@@ -45,6 +44,9 @@ from ._events import (
     UsageEvent,
 )
 
+if TYPE_CHECKING:
+    import openai
+
 __all__ = ["OpenAIChatModel", "openai_messages", "openai_request", "openai_tools"]
 
 _SYSTEM_KINDS = (ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT)
@@ -63,6 +65,10 @@ class OpenAIChatModel:
         return self._model
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
+        # Imported here, not at the top: the SDK takes ≈ 1 s to import, paid only by a process that calls it
+        # (whoever built the client has imported it already).
+        import openai
+
         body = openai_request(self._model, request)
         finished = False
         try:
@@ -239,6 +245,8 @@ def _usage(u: Any) -> Usage:
 
 
 def _map_error(exc: openai.APIError) -> ProviderError:
+    import openai
+
     message = str(getattr(exc, "message", "") or exc)
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
