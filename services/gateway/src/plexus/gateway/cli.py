@@ -19,7 +19,6 @@ from . import _cli_more as more
 from ._cli_tokens import register_tokens as _register_tokens
 from ._config import GatewayConfig, hash_token
 from ._runs import RunFilter, RunsView
-from ._server import Gateway
 from ._terminal import render_tree, watch_tree
 
 __all__ = [
@@ -155,6 +154,8 @@ def _run_gateway(args: argparse.Namespace) -> int:
 
 
 async def _serve_gateway(urls: list[str], config: GatewayConfig, host: str, port: int) -> int:
+    from ._server import Gateway  # the web stack, imported by the one command that serves (see __init__)
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
