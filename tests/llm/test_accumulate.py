@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -149,3 +150,25 @@ async def test_complete_is_the_fold_of_the_stream() -> None:
     ]
     assert turn.item.metadata == {"plexus.llm.model": "scripted"}
     assert len(model.requests) == 1
+
+
+def test_made_up_ids_are_unique_across_turns() -> None:
+    # Two turns whose calls carry no id: the transcript's ids must not repeat (the conversion refuses that).
+    ids = []
+    for _ in range(2):
+        acc = TurnAccumulator()
+        acc.add(ToolCallDeltaEvent(index=0, name="t", arguments="{}"))
+        acc.add(ToolCallDeltaEvent(index=1, name="t", arguments="{}"))
+        ids += [c.call_id for c in acc.finish().tool_calls]
+    assert len(set(ids)) == 4
+
+
+@pytest.mark.parametrize("raw", ['{"a": 1e999}', '{"a": NaN}', '{"a": -Infinity}', '{"a": [1, Infinity]}'])
+def test_non_finite_numbers_are_invalid_arguments_not_a_crash(raw: str) -> None:
+    (block,) = _fold([ToolCallDeltaEvent(index=0, call_id="c", name="f", arguments=raw)])
+    assert isinstance(block, ToolUseBlock)
+    assert block.arguments == {}
+    problem = block.metadata[INVALID_ARGUMENTS_KEY]
+    assert isinstance(problem, dict)
+    assert problem["raw"] == raw
+    assert "not valid JSON" in str(problem["problem"])

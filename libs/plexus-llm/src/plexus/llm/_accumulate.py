@@ -10,6 +10,8 @@ call with an ErrorBlock the model sees instead of running the tool.
 from __future__ import annotations
 
 import json
+import math
+import uuid
 from dataclasses import dataclass, field
 
 from plexus.core import (
@@ -119,7 +121,7 @@ class TurnAccumulator:
     def finish(self, *, metadata: dict[str, JsonValue] | None = None) -> ModelTurn:
         """The turn so far. A stream without a finish event ends COMPLETED, or TOOL_CALL when it has calls."""
         blocks: list[BaseBlock] = []
-        for position, (kind, index) in enumerate(self._order):
+        for kind, index in self._order:
             if kind == "text":
                 text = "".join(self._texts[index])
                 if text:
@@ -131,7 +133,7 @@ class TurnAccumulator:
                     ThinkingBlock(content="".join(r.text), signature=signature, redacted=r.redacted)
                 )
             else:
-                blocks.append(_tool_block(self._calls[index], position))
+                blocks.append(_tool_block(self._calls[index]))
         finish = self._finish
         if finish is None:
             has_calls = any(isinstance(b, ToolUseBlock) for b in blocks)
@@ -140,16 +142,19 @@ class TurnAccumulator:
         return ModelTurn(item=item, usage=self._usage, finish_reason=finish)
 
 
-def _tool_block(call: _Call, position: int) -> ToolUseBlock:
+def _tool_block(call: _Call) -> ToolUseBlock:
     raw = "".join(call.arguments)
-    # A provider that never sent an id still needs one: results are matched to calls by it.
-    call_id = call.call_id or f"call_{position}"
+    # A provider that never sent an id still needs one: results are matched to calls by it, and ids must
+    # be unique in the whole transcript (a position-based id repeats in the next turn and the conversion
+    # refuses the transcript). A replayed turn comes from the journal, so the id need not be reproducible.
+    call_id = call.call_id or f"call_{uuid.uuid4().hex[:24]}"
     name = call.name or ""
     if not raw.strip():
         return ToolUseBlock(call_id=call_id, tool_name=name, arguments={})  # zero-argument tool
     problem: str
     try:
-        value = json.loads(raw)
+        # NaN, Infinity and 1e999 parse, but no JSON value of a block may be non-finite.
+        value = json.loads(raw, parse_float=_finite_float, parse_constant=_no_constant)
     except ValueError as exc:
         problem = f"arguments are not valid JSON: {exc}"
     else:
@@ -162,3 +167,14 @@ def _tool_block(call: _Call, position: int) -> ToolUseBlock:
         arguments={},
         metadata={INVALID_ARGUMENTS_KEY: {"raw": raw, "problem": problem}},
     )
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"number {text} is out of range")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a JSON number")
