@@ -37,6 +37,9 @@ def test_research_team_runs_offline(tmp_path: Path) -> None:
     assert any("writer/main" in line for line in lines)
     assert any("[planner streams]" in line for line in lines)
     assert any(line.startswith("watch it in a terminal: plexus runs watch run_") for line in lines)
+    # The demo starts once the services serve: the dashboard's address comes before the run.
+    first_run = next(i for i, line in enumerate(lines) if line.startswith("run "))
+    assert any("(dashboard at http://" in line for line in lines[:first_run]), out.stdout[-3000:]
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -16,6 +16,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
 from pathlib import Path
@@ -34,6 +36,9 @@ from .worker._worker import Worker, WorkerConfig
 __all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
 
 log = logging.getLogger("plexus.cli")
+
+#: How long `plexus dev` waits for its services (orchestrator, gateway) to serve before it runs the demo.
+_SERVICES_READY_S = 60.0
 
 
 class CliError(Exception):
@@ -365,7 +370,35 @@ def _installed_services(url: str) -> list[tuple[str, list[str]]]:
 
 def _service_process(argv: list[str]) -> subprocess.Popen[bytes]:
     cmd = [sys.executable, "-m", "plexus.runtime.cli", *argv]
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Event:
+    """Copy a service's output to ours line by line; the event is set once it announces that it is serving
+    (``plexus <name> ... serving ...``), or when its output ends."""
+    ready = threading.Event()
+
+    def copy() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if line.startswith(f"plexus {name}") and " serving " in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=copy, name=f"plexus-dev-{name}", daemon=True).start()
+    return ready
+
+
+def _wait_ready(services: dict[str, threading.Event], timeout_s: float) -> list[str]:
+    """The services that did not announce themselves within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    for ready in services.values():
+        ready.wait(max(0.0, deadline - time.monotonic()))
+    return [name for name, ready in services.items() if not ready.is_set()]
 
 
 async def _dev(args: argparse.Namespace) -> None:
@@ -384,10 +417,18 @@ async def _dev(args: argparse.Namespace) -> None:
     )
     workers = [_worker_process(args.app, server.url, args.concurrency) for _ in range(args.workers)]
     print(f"plexus dev: {len(workers)} worker(s), pids {', '.join(str(w.pid) for w in workers)}", flush=True)
+    announced: dict[str, threading.Event] = {}
     for name, argv in _installed_services(server.url):
         proc = _service_process(argv)
         print(f"plexus dev: {name} pid {proc.pid}", flush=True)
         workers.append(proc)
+        announced[name] = _relay(name, proc)
+    # The demo starts once the services serve, so the dashboard shows it live and its URL comes first.
+    late = await asyncio.to_thread(_wait_ready, announced, _SERVICES_READY_S)
+    if late:
+        print(
+            f"plexus dev: {', '.join(late)} not serving after {_SERVICES_READY_S:.0f} s; going on", flush=True
+        )
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
