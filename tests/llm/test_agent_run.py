@@ -18,7 +18,7 @@ from plexus.core import (
     Usage,
     stream_event_from_json,
 )
-from plexus.llm import LLMAgent, ModelRequest, ScriptedModel, ScriptedTurn, tool
+from plexus.llm import LLMAgent, LlmStep, ModelRequest, ScriptedModel, ScriptedTurn, tool
 from plexus.runtime import App, Context, Runtime, new_root_run
 from plexus.runtime.client._cluster import ClusterSupervisor, RunControl
 
@@ -45,6 +45,11 @@ async def test_tree_budget_stops_a_runaway_loop(runtime: Runtime, start_worker: 
         await runtime.send_message([TextBlock(text="go")], AgentId("looper", "b1"), timeout=20, run=run)
     assert info.value.dimension == "turns"
     assert len(model.requests) == 4
+    # A turn is journaled only once its usage is counted (a replay never counts it again): the refused 4th
+    # turn is not in the journal, the three counted ones and their tool steps are.
+    journal = runtime.event_log(AgentId("looper.llm-journal", "b1", app.namespace))
+    steps = [r.entry for r in await journal.read()]
+    assert [s.item.kind.value for s in steps if isinstance(s, LlmStep)] == ["assistant", "tool"] * 3
 
 
 async def test_progress_steps_and_live_text_deltas(runtime: Runtime, start_worker: Any) -> None:

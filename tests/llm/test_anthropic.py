@@ -166,3 +166,25 @@ async def test_dropped_stream_is_provider_unavailable() -> None:
         with pytest.raises(ProviderUnavailableError):
             await complete(_model(fake), ModelRequest(items=[_user("hi")]))
     assert fake.count == 1
+
+
+@pytest.mark.parametrize(
+    ("kind", "typed"),
+    [
+        ("overloaded_error", ProviderUnavailableError),
+        ("api_error", ProviderUnavailableError),
+        ("rate_limit_error", RateLimitError),
+        ("invalid_request_error", BadRequestError),
+    ],
+)
+async def test_an_error_event_after_the_200_is_typed_by_its_error_type(
+    kind: str, typed: type[Exception]
+) -> None:
+    # Anthropic reports an error that happens mid-answer as an `error` event on the open 200 stream.
+    error = f'event: error\ndata: {{"type": "error", "error": {{"type": "{kind}", "message": "busy"}}}}\n\n'
+    frames = [*anthropic_frames("a long answer")[:3], error]
+    async with FakeProvider(lambda _: Sse(frames), base_path="") as fake:
+        with pytest.raises(typed) as info:
+            await complete(_model(fake), ModelRequest(items=[_user("hi")]))
+    assert type(info.value) is typed
+    assert "busy" in str(info.value)

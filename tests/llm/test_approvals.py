@@ -7,9 +7,11 @@ import asyncio
 from typing import Any
 
 import pytest
+from pydantic import BaseModel
 
 from plexus.core import AgentId, DataBlock, ErrorBlock, KernelError, TextBlock, ToolResultBlock
 from plexus.llm import (
+    FINISH_KEY,
     ApprovalPendingError,
     LLMAgent,
     ModelRequest,
@@ -151,3 +153,60 @@ async def test_an_orchestrated_denial_reaches_the_model_and_the_run_completes(
     (error,) = _results(model.requests[1])["c1"].content
     assert isinstance(error, ErrorBlock)
     assert "not today" in error.message
+
+
+class Payment(BaseModel):
+    amount: int
+
+
+PAID: list[int] = []
+
+
+@tool(mode="batch", needs_approval=True)
+def pay_all(calls: list[Payment]) -> list[str]:
+    """Pay many at once (a person must approve each)."""
+    PAID.extend(c.amount for c in calls)
+    return [f"paid {c.amount}" for c in calls]
+
+
+@tool(needs_approval=True)
+def close_account() -> ToolResultBlock:
+    """Close the account and end the conversation (a person must approve)."""
+    return ToolResultBlock(call_id="", content=[TextBlock(text="closed")], terminate=True)
+
+
+async def test_a_batch_tool_runs_only_the_approved_calls(runtime: Runtime, start_worker: Any) -> None:
+    PAID.clear()
+    calls = [("p1", "pay_all", {"amount": 5}), ("p2", "pay_all", {"amount": 7})]
+    model = ScriptedModel([ScriptedTurn(tool_calls=calls), ScriptedTurn(text="done")])
+    app = App()
+    app.register("batcher", lambda _id: LLMAgent(model, tools=[pay_all]))
+    await start_worker(app)
+    agent = AgentId("batcher", "b")
+    await runtime.send_message([TextBlock(text="pay both")], agent, timeout=20)
+    await approve(runtime, agent, "p1", approved=False, reason="no", timeout=20)
+    reply = await approve(runtime, agent, "p2", approved=True, timeout=20)
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    assert PAID == [7]  # one invocation, with the approved call only
+    results = _results(model.requests[1])
+    (denied,) = results["p1"].content
+    assert isinstance(denied, ErrorBlock)
+    assert denied.error_type == "ApprovalDenied"
+    assert results["p2"].content == [TextBlock(text="paid 7")]
+
+
+async def test_an_approved_terminating_tool_ends_the_run_without_a_follow_up_call(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    model = ScriptedModel(
+        [ScriptedTurn(text="closing", tool_calls=[("x1", "close_account", {})]), ScriptedTurn(text="unused")]
+    )
+    app = App()
+    app.register("closer", lambda _id: LLMAgent(model, tools=[close_account]))
+    await start_worker(app)
+    agent = AgentId("closer", "c")
+    await runtime.send_message([TextBlock(text="close it")], agent, timeout=20)
+    reply = await approve(runtime, agent, "x1", approved=True, timeout=20)
+    assert len(model.requests) == 1  # terminate: no model call after the resumed tool step
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["closing"]
+    assert {b.metadata[FINISH_KEY] for b in reply} == {"terminated"}

@@ -18,7 +18,9 @@ from plexus.core import (
     ItemKind,
     ProtocolError,
     TextBlock,
+    ThinkingBlock,
     ToolResultBlock,
+    ToolUseBlock,
 )
 from plexus.llm import (
     AnthropicModel,
@@ -62,6 +64,19 @@ def test_a_tool_result_without_its_call_is_refused() -> None:
         openai_messages([USER, orphan])
     with pytest.raises(ProtocolError):
         anthropic_messages([USER, orphan])
+
+
+def test_empty_results_and_reasoning_only_turns_convert_to_what_providers_accept() -> None:
+    call = Item(kind=ItemKind.ASSISTANT, blocks=[ToolUseBlock(call_id="c1", tool_name="noop", arguments={})])
+    empty = Item(kind=ItemKind.TOOL, blocks=[ToolResultBlock(call_id="c1", content=[TextBlock(text="")])])
+    # Anthropic refuses an empty text block: the tool_result goes without content.
+    _, messages = anthropic_messages([USER, call, empty])
+    (result,) = messages[-1]["content"]
+    assert result == {"type": "tool_result", "tool_use_id": "c1"}
+    # A turn cut by max_tokens while reasoning has nothing Chat Completions carries: no null assistant.
+    thinking = Item(kind=ItemKind.ASSISTANT, blocks=[ThinkingBlock(content="hmm", signature="s")])
+    again = Item(kind=ItemKind.USER, blocks=[TextBlock(text="go on")])
+    assert [m["role"] for m in openai_messages([USER, thinking, again])] == ["user", "user"]
 
 
 class FlakyModel:

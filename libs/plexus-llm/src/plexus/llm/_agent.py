@@ -128,6 +128,8 @@ class LLMAgent(Agent):
         decision = approval_of(blocks)
         pending = self.state.get(PENDING_KEY)
         step = 0
+        resumed_turn: Item | None = None  # the suspended model turn whose tool step a decision resumes
+        terminated = False
         if pending is not None:
             if decision is None or decision["call_id"] not in pending["calls"]:
                 calls = list(pending["calls"])
@@ -152,6 +154,8 @@ class LLMAgent(Agent):
             del self.state[PENDING_KEY]
             step += 1
             items = [*history, resumed]
+            resumed_turn = history[-1]
+            terminated = _terminates(resumed)
         elif decision is not None:
             raise NoPendingApprovalError(
                 f"call {decision['call_id']!r} awaits no approval", decision["call_id"]
@@ -161,7 +165,9 @@ class LLMAgent(Agent):
         turns = 0
         finish = "max_turns"
         last: ModelTurn | None = None
-        for _ in range(self.max_turns):
+        if terminated:  # the resumed tool step ended the run: no follow-up call, as on the loop's own path
+            finish = "terminated"
+        for _ in range(0 if terminated else self.max_turns):
             await ctx.check(max_age=self.check_max_age)
             if self.compaction is not None:
                 # Deterministic strategies give the same result when a crash-retried handler replays.
@@ -170,6 +176,11 @@ class LLMAgent(Agent):
             outcome: list[ModelTurn | Item] = []
             iteration = functools.partial(self._iteration, journal=journal, step=step, outcome=outcome)
             await chain("turn", self.middleware, iteration)(Turn(ctx, tuple(items), turns))
+            if not outcome:
+                raise RuntimeError(
+                    "a turn middleware returned without calling call_next: a turn cannot be skipped "
+                    "(raise MiddlewareTermination to end the run)"
+                )
             turns += 1
             turn = outcome[0]
             assert isinstance(turn, ModelTurn)
@@ -188,7 +199,7 @@ class LLMAgent(Agent):
                 assert isinstance(tool_item, Item)
                 step += 1
                 items.append(tool_item)
-                if any(isinstance(b, ToolResultBlock) and b.terminate for b in tool_item.blocks):
+                if _terminates(tool_item):
                     finish = "terminated"
                     break
                 continue
@@ -208,7 +219,7 @@ class LLMAgent(Agent):
         await ctx.emit_progress(
             AgentStep.DONE, metadata={"finish": finish, "steps": step, "usage": self._usage_meta()}
         )
-        return _reply(last, finish)
+        return _reply(last.item if last is not None else resumed_turn, finish)
 
     async def _open(self, ctx: Context) -> Journal | None:
         """Check the run tree and open the message's journal: the two reads go out together."""
@@ -270,7 +281,9 @@ class LLMAgent(Agent):
     async def _iteration(
         self, turn: Turn, *, journal: Journal | None, step: int, outcome: list[ModelTurn | Item]
     ) -> None:
-        """One model call and, when it asks for tools, the tool step; results go to ``outcome``."""
+        """One model call and, when it asks for tools, the tool step; results go to ``outcome`` (a turn
+        middleware calling ``call_next`` again runs the iteration again: the last run counts)."""
+        outcome.clear()
         model_turn = await self._model_step(turn.ctx, list(turn.items), journal, step)
         outcome.append(model_turn)
         calls = model_turn.tool_calls
@@ -307,8 +320,6 @@ class LLMAgent(Agent):
         if journal is not None:
             await journal.settle()  # a model call follows only stored steps: no crash pays for one twice
         turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model))
-        if journal is not None:
-            await journal.append(step, turn.item, turn.usage, turn.finish_reason)
         run_id = ctx.run_id or ctx.message_id
         ctx.record(
             RunLlmCall(
@@ -321,7 +332,11 @@ class LLMAgent(Agent):
             )
         )
         self._message_usage = self._message_usage + turn.usage
+        # Counted before it is journaled: a replayed turn is never counted again, so a journaled turn must
+        # have been (a crash between the two re-pays the call and counts it again: two real calls).
         await ctx.usage(turn.usage, turns=1)  # may raise BudgetExhaustedError: the tree's budget is spent
+        if journal is not None:
+            await journal.append(step, turn.item, turn.usage, turn.finish_reason)
         return turn
 
     async def _stream_turn(self, ctx: Context, request: ModelRequest) -> ModelTurn:
@@ -372,10 +387,15 @@ def _awaiting(pending: dict[str, Any]) -> list[BaseBlock]:
     return [DataBlock(data=data, metadata={FINISH_KEY: "awaiting_approval"})]
 
 
-def _reply(turn: ModelTurn | None, finish: str) -> list[BaseBlock]:
+def _terminates(tool_item: Item) -> bool:
+    """A tool result asked to end the loop (``terminate``): no follow-up model call."""
+    return any(isinstance(b, ToolResultBlock) and b.terminate for b in tool_item.blocks)
+
+
+def _reply(turn: Item | None, finish: str) -> list[BaseBlock]:
     blocks: list[BaseBlock] = []
     if turn is not None:
-        blocks = [b for b in turn.item.blocks if not isinstance(b, ThinkingBlock | ToolUseBlock)]
+        blocks = [b for b in turn.blocks if not isinstance(b, ThinkingBlock | ToolUseBlock)]
     if not blocks:
         blocks = [TextBlock(text="")]
     return [b.model_copy(update={"metadata": {**b.metadata, FINISH_KEY: finish}}) for b in blocks]

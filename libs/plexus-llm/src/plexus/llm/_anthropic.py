@@ -185,9 +185,13 @@ def _tool_result(block: ToolResultBlock) -> dict[str, Any]:
     for part in block.content:
         if isinstance(part, ImageBlock) and (source := _source(part)) is not None:
             content.append({"type": "image", "source": source})
-        else:
-            content.append({"type": "text", "text": blocks_text([part])})
-    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.call_id, "content": content}
+        elif text := blocks_text(
+            [part]
+        ):  # Anthropic refuses an empty text block (a tool returning "" or None)
+            content.append({"type": "text", "text": text})
+    result: dict[str, Any] = {"type": "tool_result", "tool_use_id": block.call_id}
+    if content:  # a result without content is valid; an empty text block is not
+        result["content"] = content
     if block.is_error:
         result["is_error"] = True
     return result
@@ -277,6 +281,10 @@ def _map_error(exc: anthropic.APIError) -> ProviderError:
     message = str(getattr(exc, "message", "") or exc)
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
+        if status < 300:
+            # An `error` event after the 200 (e.g. overloaded mid-stream): the SDK raises it with the stream's
+            # status, so its documented error type says what it is.
+            return _mid_stream_error(message, _error_type(exc.body), status)
         if isinstance(exc, anthropic.RateLimitError):
             return RateLimitError(message, "anthropic", status, _retry_after(exc.response))
         if isinstance(exc, anthropic.AuthenticationError | anthropic.PermissionDeniedError):
@@ -287,3 +295,21 @@ def _map_error(exc: anthropic.APIError) -> ProviderError:
             return ProviderUnavailableError(message, "anthropic", status)
         return BadRequestError(message, "anthropic", status)
     return ProviderUnavailableError(message, "anthropic", 0)
+
+
+def _error_type(body: object) -> str:
+    error = body.get("error") if isinstance(body, dict) else None
+    kind = error.get("type") if isinstance(error, dict) else None
+    return kind if isinstance(kind, str) else ""
+
+
+def _mid_stream_error(message: str, kind: str, status: int) -> ProviderError:
+    if kind == "rate_limit_error":
+        return RateLimitError(message, "anthropic", status)
+    if kind in ("authentication_error", "permission_error"):
+        return AuthenticationError(message, "anthropic", status)
+    if kind in ("invalid_request_error", "not_found_error", "request_too_large"):
+        return BadRequestError(message, "anthropic", status)
+    # overloaded_error, api_error, and a type this adapter does not know: the provider failed the answer
+    # it had begun; asking again later may succeed.
+    return ProviderUnavailableError(message, "anthropic", status)

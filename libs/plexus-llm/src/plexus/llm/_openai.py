@@ -145,7 +145,10 @@ def openai_messages(items: Sequence[Item]) -> list[dict[str, Any]]:
         if item.kind in _SYSTEM_KINDS:
             messages.append({"role": "system", "content": blocks_text(rest)})
         elif item.kind is ItemKind.ASSISTANT:
-            messages.append(_assistant_message(rest))
+            message = _assistant_message(rest)
+            if message["content"] is None and "tool_calls" not in message:
+                continue  # reasoning only (cut by max_tokens): nothing this format carries; null is refused
+            messages.append(message)
             pending.extend(b.call_id for b in rest if isinstance(b, ToolUseBlock))
         else:
             messages.append({"role": "user", "content": [_user_part(b) for b in rest]})

@@ -9,8 +9,10 @@ its result.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from typing import Any
+
+from pydantic import BaseModel
 
 from plexus.core import (
     AgentStep,
@@ -29,7 +31,7 @@ from plexus.runtime import Context
 
 from ._accumulate import INVALID_ARGUMENTS_KEY
 from ._middleware import Middleware, ToolCall, chain
-from ._tools import ToolArgumentsError, ToolRegistry, tool_output_blocks
+from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool_output_blocks
 
 __all__ = ["ToolStep"]
 
@@ -54,58 +56,32 @@ class ToolStep:
         """Answer every call of ``calls``: the TOOL item with one result per call, in the calls' order."""
         results: dict[str, ToolResultBlock] = {}
         modes = {c.call_id: (t.mode if (t := self.tools.get(c.tool_name)) else "parallel") for c in calls}
-        parallel = [c for c in calls if modes[c.call_id] == "parallel"]
+        together = [c for c in calls if modes[c.call_id] != "sequential"]
         sequential = [c for c in calls if modes[c.call_id] == "sequential"]
-        batches: dict[str, list[ToolUseBlock]] = {}
-        for c in calls:
-            if modes[c.call_id] == "batch":
-                batches.setdefault(c.tool_name, []).append(c)
-        for name, batch in batches.items():
-            results.update(await self._batch(ctx, name, batch))
-        if len(parallel) == 1:  # the common case: no task of its own to wait for
-            outcomes = [await self._call(ctx, parallel[0])]
-        else:
-            outcomes = await asyncio.gather(*(self._call(ctx, c) for c in parallel))
-        results.update({c.call_id: r for c, r in zip(parallel, outcomes, strict=True)})
+        batches: dict[str, _Batch] = {}
+        for c in together:
+            if modes[c.call_id] == "batch" and c.tool_name not in batches:
+                t = self.tools.get(c.tool_name)
+                assert t is not None
+                batch_calls = [b for b in together if b.tool_name == c.tool_name]
+                batches[c.tool_name] = _Batch(self, t, ctx, batch_calls)
+        try:
+            if len(together) == 1:  # the common case: no task of its own to wait for
+                outcomes = [await self._call(ctx, together[0], batches.get(together[0].tool_name))]
+            else:
+                outcomes = await _all([self._call(ctx, c, batches.get(c.tool_name)) for c in together])
+        finally:
+            for batch in batches.values():
+                await batch.close()
+        results.update({c.call_id: r for c, r in zip(together, outcomes, strict=True)})
         for call in sequential:
             await ctx.check(max_age=self.check_max_age)
-            results[call.call_id] = await self._call(ctx, call)
+            results[call.call_id] = await self._call(ctx, call, None)
         return Item(kind=ItemKind.TOOL, blocks=[results[c.call_id] for c in calls])
 
-    async def _batch(self, ctx: Context, name: str, calls: list[ToolUseBlock]) -> dict[str, ToolResultBlock]:
-        """All calls of one batch tool in one invocation; a call with bad arguments is answered on its own."""
-        t = self.tools.get(name)
-        assert t is not None
-        results: dict[str, ToolResultBlock] = {}
-        valid: list[tuple[ToolUseBlock, Any]] = []
-        for call in calls:
-            await ctx.emit_progress(AgentStep.TOOL_CALL, [call])
-            if call.metadata.get(INVALID_ARGUMENTS_KEY) is not None:
-                results[call.call_id] = await self._execute(ctx, call)  # answers with the ErrorBlock
-                continue
-            try:
-                valid.append((call, t.parse(call.arguments)))
-            except ToolArgumentsError as exc:
-                results[call.call_id] = _error(call, "InvalidToolArguments", str(exc))
-        if valid:
-            try:
-                call_ = t.invoke_batch([parsed for _, parsed in valid], ctx)
-                outputs = await (asyncio.wait_for(call_, t.timeout_s) if t.timeout_s else call_)
-            except (CancellationError, asyncio.CancelledError):
-                raise
-            except Exception as exc:
-                for call, _ in valid:
-                    results[call.call_id] = _error(call, type(exc).__name__, str(exc) or repr(exc))
-            else:
-                for (call, _), value in zip(valid, outputs, strict=True):
-                    results[call.call_id] = ToolResultBlock(
-                        call_id=call.call_id, content=tool_output_blocks(value)
-                    )
-        for call in calls:
-            await ctx.emit_progress(AgentStep.TOOL_RESULT, [results[call.call_id]])
-        return results
-
-    async def _call(self, ctx: Context, call: ToolUseBlock) -> ToolResultBlock:
+    async def _call(self, ctx: Context, call: ToolUseBlock, batch: _Batch | None) -> ToolResultBlock:
+        """One call through the tool middleware, recorded and reported; a batch tool's calls meet in
+        ``batch`` after their middleware and are invoked together."""
         run_id = ctx.run_id or ctx.message_id
         ctx.record(
             RunToolCalled(
@@ -119,9 +95,15 @@ class ToolStep:
         await ctx.emit_progress(AgentStep.TOOL_CALL, [call])
 
         async def execute(context: ToolCall) -> ToolResultBlock:
+            if batch is not None:
+                return await batch.execute(context.call)
             return await self._execute(context.ctx, context.call)
 
-        result: ToolResultBlock = await chain("tool", self.middleware, execute)(ToolCall(ctx, call))
+        try:
+            result: ToolResultBlock = await chain("tool", self.middleware, execute)(ToolCall(ctx, call))
+        finally:
+            if batch is not None:
+                batch.left(call.call_id)  # a middleware that answered (or failed) without reaching the batch
         error = next((b for b in result.content if isinstance(b, ErrorBlock)), None)
         ctx.record(
             RunToolResult(
@@ -136,8 +118,8 @@ class ToolStep:
         await ctx.emit_progress(AgentStep.TOOL_RESULT, [result])
         return result
 
-    async def _execute(self, ctx: Context, call: ToolUseBlock) -> ToolResultBlock:
-        """Run one call; every failure becomes an ErrorBlock the model sees, never a crash of the loop."""
+    def refusal(self, call: ToolUseBlock) -> ToolResultBlock | None:
+        """The answer to a call that must not run (bad arguments, unknown tool, not approved), else None."""
         invalid = call.metadata.get(INVALID_ARGUMENTS_KEY)
         if invalid is not None:
             return _error(call, "InvalidToolArguments", _problem(invalid))
@@ -150,6 +132,15 @@ class ToolStep:
             if decision is None or not decision["approved"]:
                 reason = decision["reason"] if decision else "no decision"
                 return _error(call, "ApprovalDenied", f"{t.name} was not approved: {reason or 'denied'}")
+        return None
+
+    async def _execute(self, ctx: Context, call: ToolUseBlock) -> ToolResultBlock:
+        """Run one call; every failure becomes an ErrorBlock the model sees, never a crash of the loop."""
+        refused = self.refusal(call)
+        if refused is not None:
+            return refused
+        t = self.tools.get(call.tool_name)
+        assert t is not None
         try:
             value = await t.invoke(call.arguments, ctx)
         except ToolArgumentsError as exc:
@@ -176,3 +167,107 @@ def _problem(invalid: JsonValue) -> str:
 def _error(call: ToolUseBlock, error_type: str, message: str) -> ToolResultBlock:
     block = ErrorBlock(error_type=error_type, message=message, recoverable=True)
     return ToolResultBlock(call_id=call.call_id, content=[block], is_error=True)
+
+
+class _Batch:
+    """The calls of one batch tool in one turn. Each passes its tool middleware (and its approval) on its own,
+    as any call does; the tool is invoked once for those that reach it, when every call of the batch has
+    either reached it or been answered without it."""
+
+    def __init__(self, step: ToolStep, tool: Tool, ctx: Context, calls: list[ToolUseBlock]) -> None:
+        self._step = step
+        self._tool = tool
+        self._ctx = ctx
+        self._waiting = {c.call_id for c in calls}
+        self._arrived: list[tuple[ToolUseBlock, BaseModel, asyncio.Future[ToolResultBlock]]] = []
+        self._tasks: list[asyncio.Task[None]] = []
+
+    async def execute(self, call: ToolUseBlock) -> ToolResultBlock:
+        refused = self._step.refusal(call)
+        if refused is not None:
+            return refused
+        try:
+            parsed = self._tool.parse(call.arguments)
+        except ToolArgumentsError as exc:
+            return _error(call, "InvalidToolArguments", str(exc))
+        future: asyncio.Future[ToolResultBlock] = asyncio.get_running_loop().create_future()
+        if self._waiting:
+            self._arrived.append((call, parsed, future))
+            self.left(call.call_id)
+        else:  # the batch has gone (a middleware called call_next again): this call runs as a batch of one
+            self._start([(call, parsed, future)])
+        return await future
+
+    def left(self, call_id: str) -> None:
+        """``call_id`` reached the batch or was answered without it; the last one to do so starts it."""
+        if call_id not in self._waiting:
+            return
+        self._waiting.discard(call_id)
+        if not self._waiting and self._arrived:
+            self._start(self._arrived)
+
+    def _start(self, arrived: list[tuple[ToolUseBlock, BaseModel, asyncio.Future[ToolResultBlock]]]) -> None:
+        self._tasks.append(asyncio.ensure_future(self._invoke(list(arrived))))
+
+    async def _invoke(
+        self, arrived: list[tuple[ToolUseBlock, BaseModel, asyncio.Future[ToolResultBlock]]]
+    ) -> None:
+        try:
+            outputs = await self._tool.invoke_batch([parsed for _, parsed, _ in arrived], self._ctx)
+        except asyncio.CancelledError:
+            for _, _, future in arrived:
+                future.cancel()
+            raise
+        except CancellationError as exc:
+            for _, _, future in arrived:
+                if not future.done():
+                    future.set_exception(exc)
+        except TimeoutError:
+            for call, _, future in arrived:
+                if not future.done():
+                    future.set_result(
+                        _error(
+                            call,
+                            "ToolTimeout",
+                            f"{self._tool.name} took longer than {self._tool.timeout_s} s",
+                        )
+                    )
+        except Exception as exc:
+            for call, _, future in arrived:
+                if not future.done():
+                    future.set_result(_error(call, type(exc).__name__, str(exc) or repr(exc)))
+        else:
+            for (call, _, future), value in zip(arrived, outputs, strict=True):
+                if not future.done():
+                    future.set_result(
+                        ToolResultBlock(call_id=call.call_id, content=tool_output_blocks(value))
+                    )
+
+    async def close(self) -> None:
+        """Stop an invocation nobody waits for any more (the step failed or was cancelled)."""
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+
+async def _all(calls: list[Coroutine[Any, Any, ToolResultBlock]]) -> list[ToolResultBlock]:
+    """The calls' results, run concurrently; the first failure cancels the others (their effects must stop
+    with the handling that fails) and is raised as it is, not as a group."""
+    if not calls:
+        return []
+    tasks = [asyncio.ensure_future(c) for c in calls]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_EXCEPTION)
+    finally:
+        failed = next(
+            (t for t in tasks if t.done() and not t.cancelled() and t.exception() is not None), None
+        )
+        if failed is not None or not all(t.done() for t in tasks):
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+    if failed is not None:
+        error = failed.exception()
+        assert error is not None
+        raise error
+    return [t.result() for t in tasks]
