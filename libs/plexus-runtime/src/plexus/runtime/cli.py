@@ -13,22 +13,17 @@ import importlib
 import logging
 import os
 import signal
-import subprocess
 import sys
-import tempfile
-import threading
-import time
 from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
-from pathlib import Path
 from typing import Any
 
 from ._app import App
+from ._dev import run_dev
 from .client._client import Runtime
 from .ops._auth import NatsAuthError
 from .ops._health import HealthServer
 from .ops._security import add_security_command
-from .ops._server import NatsServer
 from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
 from .ops._telemetry import configure_telemetry
 from .worker._worker import Worker, WorkerConfig
@@ -36,9 +31,6 @@ from .worker._worker import Worker, WorkerConfig
 __all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
 
 log = logging.getLogger("plexus.cli")
-
-#: How long `plexus dev` waits for its services (orchestrator, gateway) to serve before it runs the demo.
-_SERVICES_READY_S = 60.0
 
 
 class CliError(Exception):
@@ -340,123 +332,12 @@ def _probe(args: argparse.Namespace) -> int:
     return 1
 
 
-def _worker_process(app_spec: str, url: str, concurrency: int) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "plexus.runtime.cli",
-        "worker",
-        app_spec,
-        "--nats",
-        url,
-        "--concurrency",
-        str(concurrency),
-    ]
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
-
-
-def _installed_services(url: str) -> list[tuple[str, list[str]]]:
-    """The long-running services `plexus dev` starts, from the ``plexus.dev`` entry points: each names a
-    function ``(nats_url) -> argv`` for its ``plexus`` subcommand in local dev mode (e.g. the orchestrator;
-    the gateway with ``--dev``). One-shot commands (``runs``, ``agents``...) are not services."""
-    services = []
-    for ep in sorted(entry_points(group="plexus.dev"), key=lambda ep: ep.name):
-        try:
-            services.append((ep.name, [str(a) for a in ep.load()(url)]))
-        except Exception as exc:  # a broken plugin must not stop the others
-            print(f"plexus dev: skipping {ep.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
-    return services
-
-
-def _service_process(argv: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "plexus.runtime.cli", *argv]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-
-
-def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Event:
-    """Copy a service's output to ours line by line; the event is set once it announces that it is serving
-    (``plexus <name> ... serving ...``), or when its output ends."""
-    ready = threading.Event()
-
-    def copy() -> None:
-        assert proc.stdout is not None
-        for raw in proc.stdout:
-            line = raw.decode(errors="replace")
-            sys.stdout.write(line)
-            sys.stdout.flush()
-            if line.startswith(f"plexus {name}") and " serving " in line:
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=copy, name=f"plexus-dev-{name}", daemon=True).start()
-    return ready
-
-
-def _wait_ready(services: dict[str, threading.Event], timeout_s: float) -> list[str]:
-    """The services that did not announce themselves within ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    for ready in services.values():
-        ready.wait(max(0.0, deadline - time.monotonic()))
-    return [name for name, ready in services.items() if not ready.is_set()]
-
-
 async def _dev(args: argparse.Namespace) -> None:
     app = load_object(args.app)
     if not isinstance(app, App):
         raise CliError(f"{args.app} is a {type(app).__name__}, not a plexus.runtime.App")
     script: Callable[[Runtime], Awaitable[Any]] | None = load_object(args.run) if args.run else None
-    store = Path(tempfile.mkdtemp(prefix="plexus-dev-"))
-    server = NatsServer(store_dir=store)
-    await asyncio.to_thread(server.start)
-    print(f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True)
-    print(
-        "plexus dev: development mode - NATS open to every local process (no accounts, users or TLS); "
-        "a secured cluster: `plexus security init` (docs/security.md)",
-        flush=True,
-    )
-    workers = [_worker_process(args.app, server.url, args.concurrency) for _ in range(args.workers)]
-    print(f"plexus dev: {len(workers)} worker(s), pids {', '.join(str(w.pid) for w in workers)}", flush=True)
-    announced: dict[str, threading.Event] = {}
-    for name, argv in _installed_services(server.url):
-        proc = _service_process(argv)
-        print(f"plexus dev: {name} pid {proc.pid}", flush=True)
-        workers.append(proc)
-        announced[name] = _relay(name, proc)
-    # The demo starts once the services serve, so the dashboard shows it live and its URL comes first.
-    late = await asyncio.to_thread(_wait_ready, announced, _SERVICES_READY_S)
-    if late:
-        print(
-            f"plexus dev: {', '.join(late)} not serving after {_SERVICES_READY_S:.0f} s; going on", flush=True
-        )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        if script is not None:
-            rt = await Runtime.connect(server.url, namespace=app.namespace)
-            try:
-                await script(rt)
-            finally:
-                await rt.close()
-        if script is None or not args.once:
-            print(
-                f"plexus dev: serving on {server.url}; `plexus runs ls --nats {server.url}` lists the runs;"
-                " Ctrl-C stops everything",
-                flush=True,
-            )
-            await stop.wait()
-    finally:
-        for proc in workers:
-            proc.send_signal(signal.SIGTERM)
-        for proc in workers:
-            try:
-                await asyncio.to_thread(proc.wait, 30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-        await asyncio.to_thread(server.cleanup)
-        print("plexus dev: stopped", flush=True)
+    await run_dev(app, args.app, script, workers=args.workers, concurrency=args.concurrency, once=args.once)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,0 +1,152 @@
+"""`plexus dev`: the whole system on one machine for development — an embedded nats-server, worker processes,
+and every installed service (``plexus.dev`` entry points: the orchestrator, the gateway), stopped together."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from importlib.metadata import entry_points
+from pathlib import Path
+from typing import Any
+
+from ._app import App
+from .client._client import Runtime
+from .ops._server import NatsServer
+
+__all__ = ["run_dev"]
+
+#: How long `plexus dev` waits for its services (orchestrator, gateway) to serve before it runs the script.
+SERVICES_READY_S = 60.0
+
+
+def _worker_process(app_spec: str, url: str, concurrency: int) -> subprocess.Popen[bytes]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "plexus.runtime.cli",
+        "worker",
+        app_spec,
+        "--nats",
+        url,
+        "--concurrency",
+        str(concurrency),
+    ]
+    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
+
+
+def _installed_services(url: str) -> list[tuple[str, list[str]]]:
+    """The long-running services `plexus dev` starts, from the ``plexus.dev`` entry points: each names a
+    function ``(nats_url) -> argv`` for its ``plexus`` subcommand in local dev mode (e.g. the orchestrator;
+    the gateway with ``--dev``). One-shot commands (``runs``, ``agents``...) are not services."""
+    services = []
+    for ep in sorted(entry_points(group="plexus.dev"), key=lambda ep: ep.name):
+        try:
+            services.append((ep.name, [str(a) for a in ep.load()(url)]))
+        except Exception as exc:  # a broken plugin must not stop the others
+            print(f"plexus dev: skipping {ep.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    return services
+
+
+def _service_process(argv: list[str]) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "plexus.runtime.cli", *argv]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Event:
+    """Copy a service's output to ours line by line; the event is set once it announces that it is serving
+    (``plexus <name> ... serving ...``), or when its output ends."""
+    ready = threading.Event()
+
+    def copy() -> None:
+        assert proc.stdout is not None
+        for raw in proc.stdout:
+            line = raw.decode(errors="replace")
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if line.startswith(f"plexus {name}") and " serving " in line:
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=copy, name=f"plexus-dev-{name}", daemon=True).start()
+    return ready
+
+
+def _wait_ready(services: dict[str, threading.Event], timeout_s: float) -> list[str]:
+    """The services that did not announce themselves within ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    for ready in services.values():
+        ready.wait(max(0.0, deadline - time.monotonic()))
+    return [name for name, ready in services.items() if not ready.is_set()]
+
+
+async def run_dev(
+    app: App,
+    app_spec: str,
+    script: Callable[[Runtime], Awaitable[Any]] | None,
+    *,
+    workers: int,
+    concurrency: int,
+    once: bool,
+) -> None:
+    """An embedded nats-server, ``workers`` worker processes serving ``app_spec`` and the installed
+    services; ``script`` runs once they serve; then all serve until SIGINT/SIGTERM (``once``: until the
+    script ends)."""
+    store = Path(tempfile.mkdtemp(prefix="plexus-dev-"))
+    server = NatsServer(store_dir=store)
+    await asyncio.to_thread(server.start)
+    print(f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True)
+    print(
+        "plexus dev: development mode - NATS open to every local process (no accounts, users or TLS); "
+        "a secured cluster: `plexus security init` (docs/security.md)",
+        flush=True,
+    )
+    procs = [_worker_process(app_spec, server.url, concurrency) for _ in range(workers)]
+    print(f"plexus dev: {len(procs)} worker(s), pids {', '.join(str(w.pid) for w in procs)}", flush=True)
+    announced: dict[str, threading.Event] = {}
+    for name, argv in _installed_services(server.url):
+        proc = _service_process(argv)
+        print(f"plexus dev: {name} pid {proc.pid}", flush=True)
+        procs.append(proc)
+        announced[name] = _relay(name, proc)
+    # The demo starts once the services serve, so the dashboard shows it live and its URL comes first.
+    late = await asyncio.to_thread(_wait_ready, announced, SERVICES_READY_S)
+    if late:
+        print(
+            f"plexus dev: {', '.join(late)} not serving after {SERVICES_READY_S:.0f} s; going on", flush=True
+        )
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        if script is not None:
+            rt = await Runtime.connect(server.url, namespace=app.namespace)
+            try:
+                await script(rt)
+            finally:
+                await rt.close()
+        if script is None or not once:
+            print(
+                f"plexus dev: serving on {server.url}; `plexus runs ls --nats {server.url}` lists the runs;"
+                " Ctrl-C stops everything",
+                flush=True,
+            )
+            await stop.wait()
+    finally:
+        for proc in procs:
+            proc.send_signal(signal.SIGTERM)
+        for proc in procs:
+            try:
+                await asyncio.to_thread(proc.wait, 30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        await asyncio.to_thread(server.cleanup)
+        print("plexus dev: stopped", flush=True)
