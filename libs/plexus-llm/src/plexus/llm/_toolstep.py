@@ -58,13 +58,15 @@ class ToolStep:
         modes = {c.call_id: (t.mode if (t := self.tools.get(c.tool_name)) else "parallel") for c in calls}
         together = [c for c in calls if modes[c.call_id] != "sequential"]
         sequential = [c for c in calls if modes[c.call_id] == "sequential"]
-        batches: dict[str, _Batch] = {}
+        grouped: dict[str, list[ToolUseBlock]] = {}
         for c in together:
-            if modes[c.call_id] == "batch" and c.tool_name not in batches:
-                t = self.tools.get(c.tool_name)
-                assert t is not None
-                batch_calls = [b for b in together if b.tool_name == c.tool_name]
-                batches[c.tool_name] = _Batch(self, t, ctx, batch_calls)
+            if modes[c.call_id] == "batch":
+                grouped.setdefault(c.tool_name, []).append(c)
+        batches: dict[str, _Batch] = {}
+        for name, group in grouped.items():
+            t = self.tools.get(name)
+            assert t is not None  # a batch mode was read from it
+            batches[name] = _Batch(self, t, ctx, group)
         try:
             if len(together) == 1:  # the common case: no task of its own to wait for
                 outcomes = [await self._call(ctx, together[0], batches.get(together[0].tool_name))]
@@ -143,25 +145,36 @@ class ToolStep:
         assert t is not None
         try:
             value = await t.invoke(call.arguments, ctx)
-        except ToolArgumentsError as exc:
-            return _error(call, "InvalidToolArguments", str(exc))
-        except TimeoutError:
-            return _error(call, "ToolTimeout", f"{t.name} took longer than {t.timeout_s} s")
-        except (CancellationError, asyncio.CancelledError):
+        except CancellationError:
             raise
-        except KernelError as exc:
-            return ToolResultBlock(call_id=call.call_id, content=[exc.to_block()], is_error=True)
         except Exception as exc:
-            return _error(call, type(exc).__name__, str(exc) or repr(exc))
-        if isinstance(value, ToolResultBlock):
-            return value.model_copy(update={"call_id": call.call_id})
-        return ToolResultBlock(call_id=call.call_id, content=tool_output_blocks(value))
+            return _failure(call, t, exc)
+        return _answer(call, value)
 
 
 def _problem(invalid: JsonValue) -> str:
     if isinstance(invalid, dict):
         return f"{invalid.get('problem')}; raw arguments: {invalid.get('raw')!s:.500}"
     return str(invalid)
+
+
+def _answer(call: ToolUseBlock, value: Any) -> ToolResultBlock:
+    """What a tool returned for ``call``, as its result (a ToolResultBlock of its own keeps its flags)."""
+    if isinstance(value, ToolResultBlock):
+        return value.model_copy(update={"call_id": call.call_id})
+    return ToolResultBlock(call_id=call.call_id, content=tool_output_blocks(value))
+
+
+def _failure(call: ToolUseBlock, t: Tool, exc: Exception) -> ToolResultBlock:
+    """What the model sees when ``t`` raised ``exc`` for ``call`` (a cancellation is not a failure: the
+    callers let it through)."""
+    if isinstance(exc, ToolArgumentsError):
+        return _error(call, "InvalidToolArguments", str(exc))
+    if isinstance(exc, TimeoutError):
+        return _error(call, "ToolTimeout", f"{t.name} took longer than {t.timeout_s} s")
+    if isinstance(exc, KernelError):
+        return ToolResultBlock(call_id=call.call_id, content=[exc.to_block()], is_error=True)
+    return _error(call, type(exc).__name__, str(exc) or repr(exc))
 
 
 def _error(call: ToolUseBlock, error_type: str, message: str) -> ToolResultBlock:
@@ -189,7 +202,7 @@ class _Batch:
         try:
             parsed = self._tool.parse(call.arguments)
         except ToolArgumentsError as exc:
-            return _error(call, "InvalidToolArguments", str(exc))
+            return _failure(call, self._tool, exc)
         future: asyncio.Future[ToolResultBlock] = asyncio.get_running_loop().create_future()
         if self._waiting:
             self._arrived.append((call, parsed, future))
@@ -222,26 +235,14 @@ class _Batch:
             for _, _, future in arrived:
                 if not future.done():
                     future.set_exception(exc)
-        except TimeoutError:
-            for call, _, future in arrived:
-                if not future.done():
-                    future.set_result(
-                        _error(
-                            call,
-                            "ToolTimeout",
-                            f"{self._tool.name} took longer than {self._tool.timeout_s} s",
-                        )
-                    )
+            return
         except Exception as exc:
-            for call, _, future in arrived:
-                if not future.done():
-                    future.set_result(_error(call, type(exc).__name__, str(exc) or repr(exc)))
+            results = [_failure(call, self._tool, exc) for call, _, _ in arrived]
         else:
-            for (call, _, future), value in zip(arrived, outputs, strict=True):
-                if not future.done():
-                    future.set_result(
-                        ToolResultBlock(call_id=call.call_id, content=tool_output_blocks(value))
-                    )
+            results = [_answer(call, value) for (call, _, _), value in zip(arrived, outputs, strict=True)]
+        for (_, _, future), result in zip(arrived, results, strict=True):
+            if not future.done():
+                future.set_result(result)
 
     async def close(self) -> None:
         """Stop an invocation nobody waits for any more (the step failed or was cancelled)."""
