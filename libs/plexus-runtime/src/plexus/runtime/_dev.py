@@ -26,19 +26,14 @@ __all__ = ["run_dev"]
 SERVICES_READY_S = 60.0
 
 
-def _worker_process(app_spec: str, url: str, concurrency: int) -> subprocess.Popen[bytes]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "plexus.runtime.cli",
-        "worker",
-        app_spec,
-        "--nats",
-        url,
-        "--concurrency",
-        str(concurrency),
-    ]
-    return subprocess.Popen(cmd, env={**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])})
+def _plexus_process(argv: list[str], *, relayed: bool = False) -> subprocess.Popen[bytes]:
+    """``plexus <argv>`` in a child process that imports what this one can (the working directory first);
+    ``relayed``: its output comes through a pipe (see `_relay`), not straight to the terminal."""
+    cmd = [sys.executable, "-m", "plexus.runtime.cli", *argv]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
+    if not relayed:
+        return subprocess.Popen(cmd, env=env)
+    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _installed_services(url: str) -> list[tuple[str, list[str]]]:
@@ -52,12 +47,6 @@ def _installed_services(url: str) -> list[tuple[str, list[str]]]:
         except Exception as exc:  # a broken plugin must not stop the others
             print(f"plexus dev: skipping {ep.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
     return services
-
-
-def _service_process(argv: list[str]) -> subprocess.Popen[bytes]:
-    cmd = [sys.executable, "-m", "plexus.runtime.cli", *argv]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.getcwd(), *sys.path])}
-    return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
 def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Event:
@@ -108,11 +97,12 @@ async def run_dev(
         "a secured cluster: `plexus security init` (docs/security.md)",
         flush=True,
     )
-    procs = [_worker_process(app_spec, server.url, concurrency) for _ in range(workers)]
+    worker = ["worker", app_spec, "--nats", server.url, "--concurrency", str(concurrency)]
+    procs = [_plexus_process(worker) for _ in range(workers)]
     print(f"plexus dev: {len(procs)} worker(s), pids {', '.join(str(w.pid) for w in procs)}", flush=True)
     announced: dict[str, threading.Event] = {}
     for name, argv in _installed_services(server.url):
-        proc = _service_process(argv)
+        proc = _plexus_process(argv, relayed=True)
         print(f"plexus dev: {name} pid {proc.pid}", flush=True)
         procs.append(proc)
         announced[name] = _relay(name, proc)
