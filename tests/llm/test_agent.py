@@ -107,6 +107,35 @@ async def test_conversation_is_kept_across_messages(runtime: Runtime, start_work
     assert texts == ["Be brief.", "I am Ann.", "Hi Ann.", "Who am I?"]
 
 
+async def test_a_transcript_changed_in_the_state_is_the_one_the_model_sees(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """The activation keeps its items between messages, but only while the state holds what it wrote: a
+    transcript replaced (as a restore does) or changed in place is read from the state."""
+
+    class Editing(LLMAgent):
+        async def on_message(self, blocks: list[Any], ctx: Any) -> Any:
+            if blocks[0].text == "forget":
+                self.state[TRANSCRIPT_KEY] = self.state[TRANSCRIPT_KEY][-1:]
+            elif blocks[0].text == "trim":
+                del self.state[TRANSCRIPT_KEY][:2]
+            return await super().on_message(blocks, ctx)
+
+    model = ScriptedModel([ScriptedTurn(text=t) for t in ("Hi Ann.", "Forgot.", "Trimmed.", "Same.")])
+    app = App()
+    app.register("assistant", lambda _id: Editing(model, system="Be brief."))
+    await start_worker(app)
+    for text in ("I am Ann.", "forget", "trim", "again"):
+        await _ask(runtime, app, "k-edit", text)
+    seen = [[i.text for i in r.items] for r in model.requests]
+    assert seen == [
+        ["Be brief.", "I am Ann."],
+        ["Be brief.", "Hi Ann.", "forget"],
+        ["Be brief.", "Forgot.", "trim"],
+        ["Be brief.", "Forgot.", "trim", "Trimmed.", "again"],
+    ]
+
+
 async def test_unknown_tool_bad_arguments_and_malformed_json_are_errors_the_model_sees(
     runtime: Runtime, start_worker: StartWorker
 ) -> None:

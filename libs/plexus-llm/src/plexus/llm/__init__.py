@@ -56,6 +56,7 @@ from ._events import (
     UsageEvent,
 )
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
+from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._scripted import ScriptedModel, ScriptedTurn
@@ -78,6 +79,7 @@ __all__ = [
     "DropFailedToolResults",
     "DropReasoning",
     "FinishEvent",
+    "ItemMemo",
     "KeepRecent",
     "LLMAgent",
     "LlmStep",

@@ -40,6 +40,7 @@ from ._compaction import CompactionPipeline
 from ._errors import ProviderError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
+from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, Turn, chain
 from ._tools import Tool, ToolRegistry
 from ._toolstep import ToolStep
@@ -52,6 +53,11 @@ log = logging.getLogger("plexus.llm")
 TRANSCRIPT_KEY = "plexus.llm.transcript"
 #: Metadata key on the reply's blocks: why the loop stopped (a FinishReasonKind value or ``max_turns``).
 FINISH_KEY = "plexus.llm.finish"
+
+
+#: Each item's JSON for the agent's state, made once while the item lives (the state holds every item of the
+#: conversation, written again after every message).
+_DUMPED: ItemMemo[dict[str, Any]] = ItemMemo(lambda item: item.model_dump(mode="json"))
 
 
 class ModelFinishedWithError(ProviderError):
@@ -103,6 +109,10 @@ class LLMAgent(Agent):
         #: Where this activation saw the journal end after its last completed message (None: unknown).
         self._journal_end: int | None = None
         self._message_usage = Usage()  # the current message's model usage (progress metadata)
+        #: The state's transcript as this activation last wrote it, and its items: the next message takes
+        #: them as they are instead of validating every item again (while the state still holds that list).
+        self._kept: tuple[list[Any], list[Item]] | None = None
+        self._system: list[Item] = []
         self._journal: Journal | None = None  # the current message's journal
         #: A journal write a failed handling left in flight: the next handling waits for it to end first,
         #: or its journal read could miss it (and its first append conflict with it).
@@ -124,7 +134,7 @@ class LLMAgent(Agent):
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         self._message_usage = Usage()
         journal = self._journal = await self._open(ctx)
-        history = [Item.model_validate(d) for d in self.state.get(TRANSCRIPT_KEY, [])]
+        history = self._history()
         decision = approval_of(blocks)
         pending = self.state.get(PENDING_KEY)
         step = 0
@@ -213,7 +223,7 @@ class LLMAgent(Agent):
             break
         # Every step stored before the state takes the transcript: a failed append leaves the state as it was.
         end = await journal.settle() if journal is not None else None
-        self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
+        self._keep(items)
         if end is not None:
             self.state[JOURNAL_SEQ_KEY] = self._journal_end = end
         await ctx.emit_progress(
@@ -239,6 +249,20 @@ class LLMAgent(Agent):
         self._journal_end = None
         await checked  # the first step needs no check of its own now (check_max_age)
         return journal
+
+    def _history(self) -> list[Item]:
+        """The conversation so far: the items this activation kept last time when the state still holds
+        them, else validated from the state (a new activation, a restored state)."""
+        raw = self.state.get(TRANSCRIPT_KEY, [])
+        kept = self._kept
+        if kept is not None and kept[0] is raw and len(raw) == len(kept[1]):
+            return list(kept[1])
+        return [Item.model_validate(d) for d in raw]
+
+    def _keep(self, items: list[Item]) -> None:
+        """Put the conversation into the state, each item dumped once while it lives."""
+        raw = self.state[TRANSCRIPT_KEY] = [_DUMPED(i) for i in items]
+        self._kept = (raw, list(items))
 
     def _usage_meta(self) -> dict[str, Any]:
         """This message's model usage so far, for progress events: viewers show it per agent, live."""
@@ -266,7 +290,7 @@ class LLMAgent(Agent):
         pending: dict[str, Any] = {"calls": calls, "decisions": {}}
         end = await journal.settle() if journal is not None else None  # stored before the state parks
         self.state[PENDING_KEY] = pending
-        self.state[TRANSCRIPT_KEY] = [i.model_dump(mode="json") for i in items]
+        self._keep(items)
         if end is not None:
             self.state[JOURNAL_SEQ_KEY] = self._journal_end = end
         waiting = [c for c in turn.tool_calls if c.call_id in calls]
@@ -350,7 +374,12 @@ class LLMAgent(Agent):
         return acc.finish(metadata={"plexus.llm.model": self.model.model})
 
     def _system_items(self) -> list[Item]:
-        return [Item(kind=ItemKind.SYSTEM, blocks=[TextBlock(text=self.system)])] if self.system else []
+        """The system prompt's item: one object while the prompt stays (its conversion is kept with it)."""
+        if not self.system:
+            return []
+        if not self._system or self._system[0].text != self.system:
+            self._system = [Item(kind=ItemKind.SYSTEM, blocks=[TextBlock(text=self.system)])]
+        return self._system
 
     async def _tool_step(
         self, ctx: Context, calls: list[ToolUseBlock], journal: Journal | None, step: int

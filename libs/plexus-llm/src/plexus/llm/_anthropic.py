@@ -8,7 +8,9 @@ reasoning without a signature (from another provider) is dropped because the API
 
 from __future__ import annotations
 
+import copy
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -46,6 +48,7 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._memo import ItemMemo
 from ._openai import _retry_after
 
 if TYPE_CHECKING:
@@ -72,7 +75,7 @@ class AnthropicModel:
         # (whoever built the client has imported it already).
         import anthropic
 
-        body = anthropic_request(self._model, request)
+        body = _request(self._model, request)
         parser = _EventParser()
         try:
             events = await self._client.messages.create(**body)
@@ -91,7 +94,13 @@ class AnthropicModel:
 
 
 def anthropic_request(model: str, request: ModelRequest) -> dict[str, Any]:
-    system, messages = anthropic_messages(request.items)
+    """The JSON body (as keyword arguments of ``messages.create``) for ``request``; the caller's to change."""
+    return copy.deepcopy(_request(model, request))
+
+
+def _request(model: str, request: ModelRequest) -> dict[str, Any]:
+    """`anthropic_request`, sharing its parts with the per-item memo and the tools (what `stream` sends)."""
+    system, messages = _messages(request.items)
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": request.max_tokens,
@@ -113,7 +122,13 @@ def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 
 
 def anthropic_messages(items: Sequence[Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
-    """(system blocks, messages) for ``items``; consecutive same-role turns are merged into one message."""
+    """(system blocks, messages) for ``items``; consecutive same-role turns are merged into one message. The
+    caller's to change."""
+    return copy.deepcopy(_messages(items))
+
+
+def _messages(items: Sequence[Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """`anthropic_messages`, its blocks shared with the per-item memo (the request body only)."""
     system: list[dict[str, Any]] = []
     # Each message: role, its tool_result blocks, then its other blocks (results must come first).
     turns: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = []
@@ -139,31 +154,62 @@ def anthropic_messages(items: Sequence[Item]) -> tuple[list[dict[str, Any]], lis
             pending.clear()
 
     for item in prepare(items):
-        if item.kind in _SYSTEM_KINDS:
-            system.append({"type": "text", "text": blocks_text(item.blocks)})
+        parts = _PARTS(item)
+        if parts.system is not None:
+            system.append(parts.system)
             continue
-        if item.kind is ItemKind.ASSISTANT:
+        if parts.assistant:
             answer_pending()
-            content = [c for b in item.blocks if (c := _assistant_block(b)) is not None]
-            if content:
-                turn("assistant")[2].extend(content)
-            pending.extend(b.call_id for b in item.blocks if isinstance(b, ToolUseBlock))
+            if parts.content:
+                turn("assistant")[2].extend(parts.content)
+            pending.extend(parts.calls)
             continue
         _, results, rest = turn("user")
-        for block in item.blocks:
-            if isinstance(block, ToolResultBlock):
-                if block.call_id in pending:
-                    pending.remove(block.call_id)
-                results.append(_tool_result(block))
-            elif item.kind is not ItemKind.TOOL:
-                rest.append(_user_block(block))
-        if item.kind is not ItemKind.TOOL:
+        for call_id, result in parts.results:
+            if call_id in pending:
+                pending.remove(call_id)
+            results.append(result)
+        rest.extend(parts.content)
+        if parts.answers:
             answer_pending()
     answer_pending()
     messages = [
         {"role": role, "content": [*results, *rest]} for role, results, rest in turns if results or rest
     ]
     return system, messages
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What one model-facing item contributes, whatever surrounds it: a system block; or an assistant turn's
+    blocks and the calls it makes; or a user turn's tool results (by call id) and other blocks, and whether
+    it answers the calls still unanswered (any user item but a TOOL one)."""
+
+    system: dict[str, Any] | None = None
+    assistant: bool = False
+    content: list[dict[str, Any]] = field(default_factory=list)
+    calls: list[str] = field(default_factory=list)
+    results: list[tuple[str, dict[str, Any]]] = field(default_factory=list)
+    answers: bool = False
+
+
+def _parts(item: Item) -> _Parts:
+    if item.kind in _SYSTEM_KINDS:
+        return _Parts(system={"type": "text", "text": blocks_text(item.blocks)})
+    if item.kind is ItemKind.ASSISTANT:
+        content = [c for b in item.blocks if (c := _assistant_block(b)) is not None]
+        calls = [b.call_id for b in item.blocks if isinstance(b, ToolUseBlock)]
+        return _Parts(assistant=True, content=content, calls=calls)
+    tool = item.kind is ItemKind.TOOL
+    return _Parts(
+        content=[] if tool else [_user_block(b) for b in item.blocks if not isinstance(b, ToolResultBlock)],
+        results=[(b.call_id, _tool_result(b)) for b in item.blocks if isinstance(b, ToolResultBlock)],
+        answers=not tool,
+    )
+
+
+#: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
+_PARTS: ItemMemo[_Parts] = ItemMemo(_parts)
 
 
 def _assistant_block(block: BaseBlock) -> dict[str, Any] | None:

@@ -21,6 +21,8 @@ from plexus.core import (
     model_items,
 )
 
+from ._memo import ItemMemo
+
 __all__ = ["CANCELLED_RESULT", "blocks_text", "media_base64", "prepare", "unanswered_calls"]
 
 #: What a model is told for a call that never got a result (cancelled, crashed): every call is answered.
@@ -30,10 +32,22 @@ CANCELLED_RESULT = "[no result: the call was cancelled before it finished]"
 def prepare(items: Iterable[Item]) -> list[Item]:
     """The model-facing transcript: session-only items dropped or turned into summaries, every block
     stripped of what never reaches a model (metadata, ``terminate``); tool pairing checked (ProtocolError).
+
+    Each item is prepared once while it lives (`ItemMemo`): the items returned are shared, read-only values.
     """
-    out = [Item(kind=item.kind, blocks=[model_facing(b) for b in item.blocks]) for item in model_items(items)]
+    out = [p for item in items if (p := _PREPARED(item)) is not None]
     check_tool_pairing(out)
     return out
+
+
+def _prepare_one(item: Item) -> Item | None:
+    """``item`` as a model sees it, or None when no model does (``model_items`` is per item)."""
+    for model_item in model_items([item]):
+        return Item(kind=model_item.kind, blocks=[model_facing(b) for b in model_item.blocks])
+    return None
+
+
+_PREPARED: ItemMemo[Item | None] = ItemMemo(_prepare_one)
 
 
 def unanswered_calls(items: Sequence[Item]) -> set[str]:

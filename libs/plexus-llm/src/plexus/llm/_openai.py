@@ -3,8 +3,10 @@ over the official ``openai`` SDK, which owns the transport, retries and SSE pars
 
 from __future__ import annotations
 
+import copy
 import json
 from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import httpx2
@@ -43,6 +45,7 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._memo import ItemMemo
 
 if TYPE_CHECKING:
     import openai
@@ -69,7 +72,7 @@ class OpenAIChatModel:
         # (whoever built the client has imported it already).
         import openai
 
-        body = openai_request(self._model, request)
+        body = _request(self._model, request)
         finished = False
         try:
             chunks = await self._client.chat.completions.create(**body)
@@ -91,10 +94,16 @@ class OpenAIChatModel:
 
 
 def openai_request(model: str, request: ModelRequest) -> dict[str, Any]:
-    """The JSON body (as keyword arguments of ``chat.completions.create``) for ``request``."""
+    """The JSON body (as keyword arguments of ``chat.completions.create``) for ``request``; the caller's to
+    change."""
+    return copy.deepcopy(_request(model, request))
+
+
+def _request(model: str, request: ModelRequest) -> dict[str, Any]:
+    """`openai_request`, sharing its parts with the per-item memo and the tools (what `stream` sends)."""
     body: dict[str, Any] = {
         "model": model,
-        "messages": openai_messages(request.items),
+        "messages": _messages(request.items),
         "stream": True,
         "stream_options": {"include_usage": True},
         # max_tokens, not max_completion_tokens: the compatible servers (vLLM, Ollama, LM Studio) know it.
@@ -121,7 +130,12 @@ def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
 def openai_messages(items: Sequence[Item]) -> list[dict[str, Any]]:
     """Seed 004 boundary for Chat Completions: system-like kinds → ``system``; tool results → one ``tool``
     message per call; every ``tool_call_id`` answered before the next non-tool message; thinking dropped
-    (Chat Completions has no field for it)."""
+    (Chat Completions has no field for it). The messages are the caller's to change."""
+    return copy.deepcopy(_messages(items))
+
+
+def _messages(items: Sequence[Item]) -> list[dict[str, Any]]:
+    """`openai_messages`, its message objects shared with the per-item memo (the request body only)."""
     messages: list[dict[str, Any]] = []
     pending: list[str] = []  # call ids of the last assistant message still without a tool message
 
@@ -131,29 +145,54 @@ def openai_messages(items: Sequence[Item]) -> list[dict[str, Any]]:
         pending.clear()
 
     for item in prepare(items):
-        results = [b for b in item.blocks if isinstance(b, ToolResultBlock)]
-        for result in results:
-            if result.call_id in pending:
-                pending.remove(result.call_id)
-            messages.append({"role": "tool", "tool_call_id": result.call_id, "content": _result_text(result)})
-        rest = [b for b in item.blocks if not isinstance(b, ToolResultBlock)]
-        if not rest:
-            continue
-        if item.kind is ItemKind.TOOL:
-            continue  # a stray ErrorBlock without a call has nowhere to go in this wire format
-        answer_pending()
-        if item.kind in _SYSTEM_KINDS:
-            messages.append({"role": "system", "content": blocks_text(rest)})
-        elif item.kind is ItemKind.ASSISTANT:
-            message = _assistant_message(rest)
-            if message["content"] is None and "tool_calls" not in message:
-                continue  # reasoning only (cut by max_tokens): nothing this format carries; null is refused
+        parts = _PARTS(item)
+        for call_id, message in parts.results:
+            if call_id in pending:
+                pending.remove(call_id)
             messages.append(message)
-            pending.extend(b.call_id for b in rest if isinstance(b, ToolUseBlock))
-        else:
-            messages.append({"role": "user", "content": [_user_part(b) for b in rest]})
+        if not parts.opens:
+            continue
+        answer_pending()
+        if parts.message is not None:
+            messages.append(parts.message)
+            pending.extend(parts.calls)
     answer_pending()
     return messages
+
+
+@dataclass(frozen=True)
+class _Parts:
+    """What one model-facing item contributes, whatever surrounds it: its tool messages (by call id), whether
+    it opens a message of its own (earlier calls still unanswered are answered first), that message (None:
+    nothing this format carries) and the calls it makes."""
+
+    results: list[tuple[str, dict[str, Any]]]
+    opens: bool
+    message: dict[str, Any] | None = None
+    calls: list[str] = field(default_factory=list)
+
+
+def _parts(item: Item) -> _Parts:
+    results = [
+        (b.call_id, {"role": "tool", "tool_call_id": b.call_id, "content": _result_text(b)})
+        for b in item.blocks
+        if isinstance(b, ToolResultBlock)
+    ]
+    rest = [b for b in item.blocks if not isinstance(b, ToolResultBlock)]
+    if not rest or item.kind is ItemKind.TOOL:
+        return _Parts(results, opens=False)  # a stray ErrorBlock without a call has nowhere to go here
+    if item.kind in _SYSTEM_KINDS:
+        return _Parts(results, True, {"role": "system", "content": blocks_text(rest)})
+    if item.kind is ItemKind.ASSISTANT:
+        message = _assistant_message(rest)
+        if message["content"] is None and "tool_calls" not in message:
+            return _Parts(results, True)  # reasoning only (cut by max_tokens): null content is refused
+        return _Parts(results, True, message, [b.call_id for b in rest if isinstance(b, ToolUseBlock)])
+    return _Parts(results, True, {"role": "user", "content": [_user_part(b) for b in rest]})
+
+
+#: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
+_PARTS: ItemMemo[_Parts] = ItemMemo(_parts)
 
 
 def _result_text(result: ToolResultBlock) -> str:

@@ -1,0 +1,55 @@
+"""`ItemMemo`: a per-item result computed once for each transcript item while the item lives.
+
+A run's transcript grows by a few items per model turn, and every turn sends all of it: converting every item
+again made each turn's cost grow with the conversation (its model-facing copy, its provider message, its
+JSON for the agent's state). The loop keeps its items as objects across turns and messages, so a result
+keyed by the item's identity is computed once. Items are values (frozen models that nothing changes in
+place), so a result stays true for as long as its item lives; the entry goes when the item does.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable
+from typing import Generic, TypeVar
+
+from plexus.core import Item
+
+__all__ = ["ItemMemo"]
+
+T = TypeVar("T")
+
+
+class ItemMemo(Generic[T]):
+    """``memo(item)`` is ``convert(item)``, computed on the first call for that item object only.
+
+    Entries are keyed by identity and hold the item weakly: an item's entry is dropped when the item is
+    collected, so an id the interpreter reuses never finds another item's result. A result is shared by every
+    caller: treat it as read-only.
+    """
+
+    def __init__(self, convert: Callable[[Item], T]) -> None:
+        self._convert = convert
+        self._entries: dict[int, tuple[weakref.ref[Item], T]] = {}
+
+    def __call__(self, item: Item) -> T:
+        key = id(item)
+        entry = self._entries.get(key)
+        if entry is not None and entry[0]() is item:
+            return entry[1]
+        value = self._convert(item)
+        self._entries[key] = (weakref.ref(item, self._forget(key)), value)
+        return value
+
+    def _forget(self, key: int) -> Callable[[weakref.ref[Item]], None]:
+        entries = self._entries
+
+        def forget(ref: weakref.ref[Item]) -> None:
+            entry = entries.get(key)
+            if entry is not None and entry[0] is ref:  # not a later item that reuses the id
+                del entries[key]
+
+        return forget
+
+    def __len__(self) -> int:
+        return len(self._entries)
