@@ -27,10 +27,11 @@ from plexus.core import (
     ToolResultBlock,
     ToolUseBlock,
     Usage,
+    check_tool_pairing,
 )
 
 from ._client import ModelRequest, ToolSpec
-from ._convert import CANCELLED_RESULT, blocks_text, media_base64, prepare
+from ._convert import CANCELLED_RESULT, blocks_text, media_base64, model_facing_memo
 from ._errors import (
     AuthenticationError,
     BadRequestError,
@@ -48,7 +49,6 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
-from ._memo import ItemMemo
 from ._openai import _retry_after
 
 if TYPE_CHECKING:
@@ -153,8 +153,11 @@ def _messages(items: Sequence[Item]) -> tuple[list[dict[str, Any]], list[dict[st
                 )
             pending.clear()
 
-    for item in prepare(items):
+    check_tool_pairing(items)
+    for item in items:
         parts = _PARTS(item)
+        if parts is None:
+            continue  # no model sees it
         if parts.system is not None:
             system.append(parts.system)
             continue
@@ -209,7 +212,7 @@ def _parts(item: Item) -> _Parts:
 
 
 #: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
-_PARTS: ItemMemo[_Parts] = ItemMemo(_parts)
+_PARTS = model_facing_memo(_parts)
 
 
 def _assistant_block(block: BaseBlock) -> dict[str, Any] | None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
 from plexus.core import (
     BaseBlock,
@@ -16,38 +17,35 @@ from plexus.core import (
     MediaBlock,
     TextBlock,
     ToolResultBlock,
-    check_tool_pairing,
     model_facing,
     model_items,
 )
 
 from ._memo import ItemMemo
 
-__all__ = ["CANCELLED_RESULT", "blocks_text", "media_base64", "prepare", "unanswered_calls"]
+__all__ = ["CANCELLED_RESULT", "blocks_text", "media_base64", "model_facing_memo", "unanswered_calls"]
+
+T = TypeVar("T")
 
 #: What a model is told for a call that never got a result (cancelled, crashed): every call is answered.
 CANCELLED_RESULT = "[no result: the call was cancelled before it finished]"
 
 
-def prepare(items: Iterable[Item]) -> list[Item]:
-    """The model-facing transcript: session-only items dropped or turned into summaries, every block
-    stripped of what never reaches a model (metadata, ``terminate``); tool pairing checked (ProtocolError).
+def model_facing_memo(convert: Callable[[Item], T]) -> ItemMemo[T | None]:
+    """A memo of ``convert`` applied to each item as a model sees it (None: no model sees the item).
 
-    Each item is prepared once while it lives (`ItemMemo`): the items returned are shared, read-only values.
+    As a model sees it: session-only items dropped or turned into summaries (``model_items``), every block
+    stripped of what never reaches a model (metadata, ``terminate``). That copy is made on the way and not
+    kept: only the conversion is. Callers check the tool pairing on the transcript as given
+    (`check_tool_pairing` skips the session-only items; the copies keep every call and result of the others).
     """
-    out = [p for item in items if (p := _PREPARED(item)) is not None]
-    check_tool_pairing(out)
-    return out
 
+    def facing_then_convert(item: Item) -> T | None:
+        for model_item in model_items([item]):  # one item in, at most one out
+            return convert(Item(kind=model_item.kind, blocks=[model_facing(b) for b in model_item.blocks]))
+        return None
 
-def _prepare_one(item: Item) -> Item | None:
-    """``item`` as a model sees it, or None when no model does (``model_items`` is per item)."""
-    for model_item in model_items([item]):
-        return Item(kind=model_item.kind, blocks=[model_facing(b) for b in model_item.blocks])
-    return None
-
-
-_PREPARED: ItemMemo[Item | None] = ItemMemo(_prepare_one)
+    return ItemMemo(facing_then_convert)
 
 
 def unanswered_calls(items: Sequence[Item]) -> set[str]:

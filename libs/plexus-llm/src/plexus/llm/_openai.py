@@ -24,10 +24,11 @@ from plexus.core import (
     ToolResultBlock,
     ToolUseBlock,
     Usage,
+    check_tool_pairing,
 )
 
 from ._client import ModelRequest, ToolSpec
-from ._convert import CANCELLED_RESULT, blocks_text, media_base64, prepare
+from ._convert import CANCELLED_RESULT, blocks_text, media_base64, model_facing_memo
 from ._errors import (
     AuthenticationError,
     BadRequestError,
@@ -45,7 +46,6 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
-from ._memo import ItemMemo
 
 if TYPE_CHECKING:
     import openai
@@ -144,8 +144,11 @@ def _messages(items: Sequence[Item]) -> list[dict[str, Any]]:
             messages.append({"role": "tool", "tool_call_id": call_id, "content": CANCELLED_RESULT})
         pending.clear()
 
-    for item in prepare(items):
+    check_tool_pairing(items)
+    for item in items:
         parts = _PARTS(item)
+        if parts is None:
+            continue  # no model sees it
         for call_id, message in parts.results:
             if call_id in pending:
                 pending.remove(call_id)
@@ -192,7 +195,7 @@ def _parts(item: Item) -> _Parts:
 
 
 #: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
-_PARTS: ItemMemo[_Parts] = ItemMemo(_parts)
+_PARTS = model_facing_memo(_parts)
 
 
 def _result_text(result: ToolResultBlock) -> str:
