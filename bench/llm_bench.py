@@ -38,7 +38,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -147,7 +147,7 @@ async def _measure(
 
     from plexus.core import AgentId, ExecutionBudget, TextBlock
     from plexus.llm import LLMAgent, OpenAIChatModel, tool
-    from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
+    from plexus.runtime import App
 
     @tool
     def add(a: int, b: int) -> int:
@@ -169,53 +169,58 @@ async def _measure(
 
     recorder = client_with(recording_create)
 
+    app = App()
+    app.register(
+        "bench",
+        lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], journal=journal, middleware=timing),
+    )
+    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(recorder, "m"), tools=[add], journal=journal))
+    async with worker_and_client(app, nats_url) as (rt, url):
+        await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
+        if len(bodies) != 2:
+            raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
+
+        pair = bare_pair(client.chat.completions.create, bodies)
+
+        async def plain_run(i: int) -> None:
+            await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
+
+        rounds = await measure_rounds(runs, pair, plain_run, lambda i: iteration_times[("bench", f"k{i}")])
+        metrics = rounds.metrics("llm.")
+        if orchestrated:
+            with _orchestrator(url):
+                budget = ExecutionBudget(max_tokens=10**12)
+
+                async def orchestrated_run(i: int) -> None:
+                    run_id = await rt.start_run(
+                        AgentId("bench", f"o{i}"), [TextBlock(text="2+3?")], budget=budget
+                    )
+                    await rt.run_result(run_id, timeout=30)
+
+                rounds = await measure_rounds(
+                    runs, pair, orchestrated_run, lambda i: iteration_times[("bench", f"o{i}")]
+                )
+            metrics.update(rounds.metrics("llm.orchestrated."))
+    return metrics
+
+
+@contextlib.asynccontextmanager
+async def worker_and_client(app: Any, nats_url: str | None = None) -> AsyncIterator[tuple[Any, str]]:
+    """A nats-server of its own (unless ``nats_url``), an in-process worker serving ``app`` and a client
+    ``Runtime``, until the block ends; (the client, the server's URL)."""
+    from plexus.runtime import NatsServer, Runtime, Worker, WorkerConfig
+
     server = None if nats_url else NatsServer()
     if server is not None:
         server.start()
     url = nats_url or (server.url if server is not None else "")
     try:
-        app = App()
-        app.register(
-            "bench",
-            lambda _id: LLMAgent(
-                OpenAIChatModel(client, "m"), tools=[add], journal=journal, middleware=timing
-            ),
-        )
-        app.register(
-            "record", lambda _id: LLMAgent(OpenAIChatModel(recorder, "m"), tools=[add], journal=journal)
-        )
         wrt = await Runtime.connect(url)
         worker = Worker(app, wrt, WorkerConfig())
         await worker.start()
         rt = await Runtime.connect(url)
         try:
-            await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
-            if len(bodies) != 2:
-                raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
-
-            pair = bare_pair(client.chat.completions.create, bodies)
-
-            async def plain_run(i: int) -> None:
-                await rt.send_message([TextBlock(text="2+3?")], AgentId("bench", f"k{i}"), timeout=30)
-
-            rounds = await measure_rounds(
-                runs, pair, plain_run, lambda i: iteration_times[("bench", f"k{i}")]
-            )
-            metrics = rounds.metrics("llm.")
-            if orchestrated:
-                with _orchestrator(url):
-                    budget = ExecutionBudget(max_tokens=10**12)
-
-                    async def orchestrated_run(i: int) -> None:
-                        run_id = await rt.start_run(
-                            AgentId("bench", f"o{i}"), [TextBlock(text="2+3?")], budget=budget
-                        )
-                        await rt.run_result(run_id, timeout=30)
-
-                    rounds = await measure_rounds(
-                        runs, pair, orchestrated_run, lambda i: iteration_times[("bench", f"o{i}")]
-                    )
-                metrics.update(rounds.metrics("llm.orchestrated."))
+            yield rt, url
         finally:
             await rt.close()
             await worker.stop(drain_timeout=5)
@@ -223,7 +228,6 @@ async def _measure(
     finally:
         if server is not None:
             server.stop()
-    return metrics
 
 
 def client_with(create: Callable[..., Awaitable[Any]]) -> Any:

@@ -22,10 +22,9 @@ import argparse
 import asyncio
 import json
 import statistics
-from collections.abc import AsyncIterator
-from typing import Any
 
-from bench.llm_bench import client_with, fake_provider, iteration_timer
+from bench.llm_bench import fake_provider, iteration_timer, worker_and_client
+from bench.llm_replay import Replay
 
 #: variant -> what it leaves out of the baseline (the component whose cost it measures)
 VARIANTS = {
@@ -39,7 +38,7 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
 
     from plexus.core import AgentId, TextBlock
     from plexus.llm import LLMAgent, OpenAIChatModel, tool
-    from plexus.runtime import App, NatsServer, Runtime, Worker, WorkerConfig
+    from plexus.runtime import App
 
     @tool
     def add(a: int, b: int) -> int:
@@ -66,48 +65,20 @@ async def _measure(base_url: str, runs: int) -> dict[str, float]:
         "async-tool", lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add_async], middleware=timing)
     )
     # Chunks as the SDK parsed them, per request shape (the first call of a run, the one after the tool).
-    recorded: dict[bool, list[Any]] = {}
-
-    async def record(**body: Any) -> AsyncIterator[Any]:
-        after_tool = any(m["role"] == "tool" for m in body["messages"])
-        recorded[after_tool] = [chunk async for chunk in await client.chat.completions.create(**body)]
-        return await replay(**body)
-
-    async def replay(**body: Any) -> AsyncIterator[Any]:
-        chunks = recorded[any(m["role"] == "tool" for m in body["messages"])]
-
-        async def stream() -> AsyncIterator[Any]:
-            for chunk in chunks:
-                yield chunk
-
-        return stream()
-
-    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(client_with(record), "m"), tools=[add]))
+    replay = Replay(client)
+    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(replay.recording, "m"), tools=[add]))
     app.register(
         "replayed",
-        lambda _id: LLMAgent(OpenAIChatModel(client_with(replay), "m"), tools=[add], middleware=timing),
+        lambda _id: LLMAgent(OpenAIChatModel(replay.replaying, "m"), tools=[add], middleware=timing),
     )
     types = ["baseline", *VARIANTS, "replayed"]
-    server = NatsServer()
-    server.start()
-    try:
-        wrt = await Runtime.connect(server.url)
-        worker = Worker(app, wrt, WorkerConfig())
-        await worker.start()
-        rt = await Runtime.connect(server.url)
-        try:
-            await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
-            if len(recorded) != 2:
-                raise SystemExit(f"expected a run of 2 distinct model calls, recorded {len(recorded)}")
-            for i in range(runs + 20):  # the first 20 rounds warm up (connections, caches)
-                for type_ in types[i % len(types) :] + types[: i % len(types)]:
-                    await rt.send_message([TextBlock(text="2+3?")], AgentId(type_, f"r{i}"), timeout=30)
-        finally:
-            await rt.close()
-            await worker.stop(drain_timeout=5)
-            await wrt.close()
-    finally:
-        server.stop()
+    async with worker_and_client(app) as (rt, _):
+        await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
+        if len(replay.recorded) != 2:
+            raise SystemExit(f"expected a run of 2 distinct model calls, recorded {len(replay.recorded)}")
+        for i in range(runs + 20):  # the first 20 rounds warm up (connections, caches)
+            for type_ in types[i % len(types) :] + types[: i % len(types)]:
+                await rt.send_message([TextBlock(text="2+3?")], AgentId(type_, f"r{i}"), timeout=30)
     rounds = range(20, runs + 20)
     metrics = {
         "llm.loop_2turns.p50_ms": statistics.median(times[("baseline", f"r{i}")] for i in rounds) * 1e3
