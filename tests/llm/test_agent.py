@@ -111,7 +111,7 @@ async def test_a_transcript_changed_in_the_state_is_the_one_the_model_sees(
     runtime: Runtime, start_worker: StartWorker
 ) -> None:
     """The activation keeps its items between messages, but only while the state holds what it wrote: a
-    transcript replaced (as a restore does) or changed in place is read from the state."""
+    transcript replaced (as a restore does), shortened or edited in place is read from the state."""
 
     class Editing(LLMAgent):
         async def on_message(self, blocks: list[Any], ctx: Any) -> Any:
@@ -119,13 +119,16 @@ async def test_a_transcript_changed_in_the_state_is_the_one_the_model_sees(
                 self.state[TRANSCRIPT_KEY] = self.state[TRANSCRIPT_KEY][-1:]
             elif blocks[0].text == "trim":
                 del self.state[TRANSCRIPT_KEY][:2]
+            elif blocks[0].text == "redact":
+                self.state[TRANSCRIPT_KEY][0]["blocks"][0]["text"] = "[redacted]"
             return await super().on_message(blocks, ctx)
 
-    model = ScriptedModel([ScriptedTurn(text=t) for t in ("Hi Ann.", "Forgot.", "Trimmed.", "Same.")])
+    turns = ("Hi Ann.", "Forgot.", "Trimmed.", "Same.", "Redacted.", "Same again.")
+    model = ScriptedModel([ScriptedTurn(text=t) for t in turns])
     app = App()
     app.register("assistant", lambda _id: Editing(model, system="Be brief."))
     await start_worker(app)
-    for text in ("I am Ann.", "forget", "trim", "again"):
+    for text in ("I am Ann.", "forget", "trim", "again", "redact", "once more"):
         await _ask(runtime, app, "k-edit", text)
     seen = [[i.text for i in r.items] for r in model.requests]
     assert seen == [
@@ -133,6 +136,8 @@ async def test_a_transcript_changed_in_the_state_is_the_one_the_model_sees(
         ["Be brief.", "Hi Ann.", "forget"],
         ["Be brief.", "Forgot.", "trim"],
         ["Be brief.", "Forgot.", "trim", "Trimmed.", "again"],
+        ["Be brief.", "[redacted]", "trim", "Trimmed.", "again", "Same.", "redact"],
+        ["Be brief.", "[redacted]", "trim", "Trimmed.", "again", "Same.", "redact", "Redacted.", "once more"],
     ]
 
 

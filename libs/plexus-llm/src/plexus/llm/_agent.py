@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import msgspec
+
 from plexus.core import (
     AgentStep,
     BaseBlock,
@@ -58,6 +60,7 @@ FINISH_KEY = "plexus.llm.finish"
 #: Each item's JSON for the agent's state, made once while the item lives (the state holds every item of the
 #: conversation, written again after every message).
 _DUMPED: ItemMemo[dict[str, Any]] = ItemMemo(lambda item: item.model_dump(mode="json"))
+_encode = msgspec.json.Encoder().encode
 
 
 class ModelFinishedWithError(ProviderError):
@@ -109,9 +112,9 @@ class LLMAgent(Agent):
         #: Where this activation saw the journal end after its last completed message (None: unknown).
         self._journal_end: int | None = None
         self._message_usage = Usage()  # the current message's model usage (progress metadata)
-        #: The state's transcript as this activation last wrote it, and its items: the next message takes
-        #: them as they are instead of validating every item again (while the state still holds that list).
-        self._kept: tuple[list[Any], list[Item]] | None = None
+        #: The state's transcript as this activation last wrote it, its JSON and its items: the next message
+        #: takes the items as they are instead of validating every one again (while the state holds that).
+        self._kept: tuple[list[Any], bytes, list[Item]] | None = None
         self._system: list[Item] = []
         self._journal: Journal | None = None  # the current message's journal
         #: A journal write a failed handling left in flight: the next handling waits for it to end first,
@@ -252,17 +255,19 @@ class LLMAgent(Agent):
 
     def _history(self) -> list[Item]:
         """The conversation so far: the items this activation kept last time when the state still holds
-        them, else validated from the state (a new activation, a restored state)."""
+        what it wrote then, else validated from the state (a new activation, a restored or edited state)."""
         raw = self.state.get(TRANSCRIPT_KEY, [])
         kept = self._kept
-        if kept is not None and kept[0] is raw and len(raw) == len(kept[1]):
-            return list(kept[1])
+        # The JSON is compared, not only the list: an item's dict may have been changed in place. Encoding
+        # costs a thirtieth of validating (0.04 against 1.3 ms for 200 items).
+        if kept is not None and kept[0] is raw and _encode(raw) == kept[1]:
+            return list(kept[2])
         return [Item.model_validate(d) for d in raw]
 
     def _keep(self, items: list[Item]) -> None:
         """Put the conversation into the state, each item dumped once while it lives."""
         raw = self.state[TRANSCRIPT_KEY] = [_DUMPED(i) for i in items]
-        self._kept = (raw, list(items))
+        self._kept = (raw, _encode(raw), list(items))
 
     def _usage_meta(self) -> dict[str, Any]:
         """This message's model usage so far, for progress events: viewers show it per agent, live."""
