@@ -22,12 +22,15 @@ from plexus.core import (
 from plexus.llm import (
     FINISH_KEY,
     TRANSCRIPT_KEY,
+    CompactionPipeline,
+    KeepRecent,
     LLMAgent,
     LlmStep,
     ModelEvent,
     ModelRequest,
     ScriptedModel,
     ScriptedTurn,
+    TranscriptTooLargeError,
     tool,
 )
 from plexus.runtime import App, Runtime
@@ -138,6 +141,45 @@ async def test_a_transcript_changed_in_the_state_is_the_one_the_model_sees(
         ["Be brief.", "Forgot.", "trim", "Trimmed.", "again"],
         ["Be brief.", "[redacted]", "trim", "Trimmed.", "again", "Same.", "redact"],
         ["Be brief.", "[redacted]", "trim", "Trimmed.", "again", "Same.", "redact", "Redacted.", "once more"],
+    ]
+
+
+async def test_a_conversation_the_state_could_not_store_is_refused_before_a_paid_call(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """Over ``max_transcript_bytes`` the loop raises `TranscriptTooLargeError` instead of calling the model
+    (the commit of the state would fail after the paid call, and again for every later message), leaving the
+    conversation as it was; a pipeline with ``max_bytes`` compacts it instead and the agent goes on."""
+    plain = ScriptedModel([ScriptedTurn(text=f"answer {i}") for i in range(2)])
+    compacted = ScriptedModel([ScriptedTurn(text=f"answer {i}") for i in range(4)])
+    pipeline = CompactionPipeline([KeepRecent(2)], max_bytes=2_000)
+    app = App()
+    app.register("plain", lambda _id: LLMAgent(plain, max_transcript_bytes=2_000))
+    app.register(
+        "compacting", lambda _id: LLMAgent(compacted, max_transcript_bytes=2_000, compaction=pipeline)
+    )
+    await start_worker(app)
+    long = "x" * 900
+
+    async def ask(agent_type: str, text: str) -> list[Any]:
+        blocks = [TextBlock(text=text)]
+        return await runtime.send_message(blocks, AgentId(agent_type, "k", app.namespace), timeout=20)
+
+    assert [b.text for b in await ask("plain", long)] == ["answer 0"]
+    with pytest.raises(TranscriptTooLargeError) as refused:
+        await ask("plain", long)  # 2 x 900 characters and the answer: over 2,000 bytes
+    assert (refused.value.limit, refused.value.size > 2_000) == (2_000, True)
+    assert len(plain.requests) == 1  # no call was made for the refused message
+    assert [b.text for b in await ask("plain", "short")] == ["answer 1"]
+    assert [i.text for i in plain.requests[1].items] == [long, "answer 0", "short"]  # no trace of it
+
+    for i in range(4):
+        assert [b.text for b in await ask("compacting", long)] == [f"answer {i}"]
+    # Each call after the first saw the conversation compacted to what fits: the last answer and the question.
+    assert [[i.text[:8] for i in r.items] for r in compacted.requests[1:]] == [
+        ["answer 0", "xxxxxxxx"],
+        ["answer 1", "xxxxxxxx"],
+        ["answer 2", "xxxxxxxx"],
     ]
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -113,3 +115,8 @@ async def test_pipeline_triggers() -> None:
     assert len(await by_tokens.run(items, last_input_tokens=61)) == 2
     errors = Item(kind=ItemKind.TOOL, blocks=[ErrorBlock(error_type="E", message="m")])
     assert await CompactionPipeline([DropReasoning()], max_items=0).run([errors]) == [errors]
+    size = len(json.dumps([i.model_dump(mode="json") for i in items], separators=(",", ":")))
+    by_bytes = CompactionPipeline([KeepRecent(2)], max_bytes=size)
+    assert by_bytes.triggered(items) is False  # exactly at the limit
+    assert CompactionPipeline([KeepRecent(2)], max_bytes=size - 1).triggered(items) is True
+    assert len(await CompactionPipeline([KeepRecent(2)], max_bytes=size - 1).run(items)) == 3

@@ -46,6 +46,7 @@ from ._errors import (
     ProviderProtocolError,
     ProviderUnavailableError,
     RateLimitError,
+    TranscriptTooLargeError,
 )
 from ._events import (
     FinishEvent,
@@ -110,6 +111,7 @@ __all__ = [
     "ToolOutputLimit",
     "ToolRegistry",
     "ToolSpec",
+    "TranscriptTooLargeError",
     "Turn",
     "TurnAccumulator",
     "UsageEvent",

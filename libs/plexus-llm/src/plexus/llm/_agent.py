@@ -15,8 +15,6 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-import msgspec
-
 from plexus.core import (
     AgentStep,
     BaseBlock,
@@ -39,10 +37,10 @@ from ._accumulate import ModelTurn, TurnAccumulator
 from ._approvals import PENDING_KEY, ApprovalPendingError, NoPendingApprovalError, approval_of
 from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
-from ._errors import ProviderError
+from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
-from ._memo import ItemMemo
+from ._memo import encode_json, item_json, transcript_bytes
 from ._middleware import Middleware, ModelCall, Turn, chain
 from ._tools import Tool, ToolRegistry
 from ._toolstep import ToolStep
@@ -57,12 +55,6 @@ TRANSCRIPT_KEY = "plexus.llm.transcript"
 FINISH_KEY = "plexus.llm.finish"
 
 
-#: Each item's JSON for the agent's state, made once while the item lives (the state holds every item of the
-#: conversation, written again after every message).
-_DUMPED: ItemMemo[dict[str, Any]] = ItemMemo(lambda item: item.model_dump(mode="json"))
-_encode = msgspec.json.Encoder().encode
-
-
 class ModelFinishedWithError(ProviderError):
     """The model ended its turn with finish reason ``error`` (seed 002: return the error to the host)."""
 
@@ -75,7 +67,9 @@ class LLMAgent(Agent):
     ``check_max_age``: before each step the loop checks the run tree (`Context.check`); a model call or
     tool step may start on the tree's budget as verified at most this many seconds ago (by the last
     ``ctx.usage()`` after a model call, or a check) instead of reading it again; 0 reads it every time.
-    Cancellation and preemption are always as known now.
+    Cancellation and preemption are always as known now. ``max_transcript_bytes``: before each model call the
+    transcript's JSON must be at most this large (`TranscriptTooLargeError` otherwise, no call made): the
+    state holding it is stored in one NATS message (1 MiB by default); None turns the check off.
     """
 
     def __init__(
@@ -91,12 +85,16 @@ class LLMAgent(Agent):
         compaction: CompactionPipeline | None = None,
         middleware: Sequence[Middleware] = (),
         check_max_age: float = 0.5,
+        max_transcript_bytes: int | None = 512 * 1024,
     ) -> None:
         super().__init__()
         if max_turns < 1:
             raise ValueError(f"max_turns must be >= 1, got {max_turns}")
         if not check_max_age >= 0:
             raise ValueError(f"check_max_age must be >= 0, got {check_max_age}")
+        if max_transcript_bytes is not None and max_transcript_bytes < 1:
+            raise ValueError(f"max_transcript_bytes must be >= 1 or None, got {max_transcript_bytes}")
+        self.max_transcript_bytes = max_transcript_bytes
         self.check_max_age = check_max_age
         self.model = model
         self.system = system
@@ -186,6 +184,7 @@ class LLMAgent(Agent):
                 # Deterministic strategies give the same result when a crash-retried handler replays.
                 last_input = last.usage.input_tokens if last is not None else None
                 items = await self.compaction.run(items, last_input)
+            self._check_size(items)
             outcome: list[ModelTurn | Item] = []
             iteration = functools.partial(self._iteration, journal=journal, step=step, outcome=outcome)
             await chain("turn", self.middleware, iteration)(Turn(ctx, tuple(items), turns))
@@ -253,6 +252,21 @@ class LLMAgent(Agent):
         await checked  # the first step needs no check of its own now (check_max_age)
         return journal
 
+    def _check_size(self, items: list[Item]) -> None:
+        """Refuse a model call whose turn the agent's state could not store (it is committed whole, and a
+        NATS message holds 1 MiB by default): the call would be paid for, then the commit fail, every time."""
+        limit = self.max_transcript_bytes
+        if limit is None:
+            return
+        size = transcript_bytes(items)
+        if size > limit:
+            raise TranscriptTooLargeError(
+                f"the conversation is {size} bytes of JSON, over max_transcript_bytes={limit}: compact it "
+                "(LLMAgent(compaction=CompactionPipeline([...], max_bytes=...))) or go on under a new key",
+                size,
+                limit,
+            )
+
     def _history(self) -> list[Item]:
         """The conversation so far: the items this activation kept last time when the state still holds
         what it wrote then, else validated from the state (a new activation, a restored or edited state)."""
@@ -260,14 +274,14 @@ class LLMAgent(Agent):
         kept = self._kept
         # The JSON is compared, not only the list: an item's dict may have been changed in place. Encoding
         # costs a thirtieth of validating (0.04 against 1.3 ms for 200 items).
-        if kept is not None and kept[0] is raw and _encode(raw) == kept[1]:
+        if kept is not None and kept[0] is raw and encode_json(raw) == kept[1]:
             return list(kept[2])
         return [Item.model_validate(d) for d in raw]
 
     def _keep(self, items: list[Item]) -> None:
         """Put the conversation into the state, each item dumped once while it lives."""
-        raw = self.state[TRANSCRIPT_KEY] = [_DUMPED(i) for i in items]
-        self._kept = (raw, _encode(raw), list(items))
+        raw = self.state[TRANSCRIPT_KEY] = [item_json(i) for i in items]
+        self._kept = (raw, encode_json(raw), list(items))
 
     def _usage_meta(self) -> dict[str, Any]:
         """This message's model usage so far, for progress events: viewers show it per agent, live."""

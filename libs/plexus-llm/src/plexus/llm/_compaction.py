@@ -24,6 +24,7 @@ from plexus.core import (
 
 from ._client import ModelClient, ModelRequest, complete
 from ._convert import blocks_text
+from ._memo import transcript_bytes
 
 __all__ = [
     "CompactionPipeline",
@@ -156,17 +157,21 @@ class SummarizeOlder:
 
 @dataclass(frozen=True)
 class CompactionPipeline:
-    """Run ``strategies`` in order when the transcript has more than ``max_items`` items, or when its
-    estimated tokens exceed ``context_window - reserve_tokens`` (estimate: the last call's input tokens
-    when given, else 4 characters a token)."""
+    """Run ``strategies`` in order when the transcript has more than ``max_items`` items, when its JSON (as
+    the agent's state holds it) is larger than ``max_bytes``, or when its estimated tokens exceed
+    ``context_window - reserve_tokens`` (estimate: the last call's input tokens when given, else 4
+    characters a token)."""
 
     strategies: Sequence[CompactionStrategy]
     max_items: int | None = None
     context_window: int | None = None
     reserve_tokens: int = 4096
+    max_bytes: int | None = None
 
     def triggered(self, items: Sequence[Item], last_input_tokens: int | None = None) -> bool:
         if self.max_items is not None and len(items) > self.max_items:
+            return True
+        if self.max_bytes is not None and transcript_bytes(items) > self.max_bytes:
             return True
         if self.context_window is not None:
             tokens = last_input_tokens

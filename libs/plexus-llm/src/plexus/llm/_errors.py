@@ -15,6 +15,7 @@ __all__ = [
     "ProviderProtocolError",
     "ProviderUnavailableError",
     "RateLimitError",
+    "TranscriptTooLargeError",
 ]
 
 
@@ -65,3 +66,17 @@ class ProviderProtocolError(ProviderError):
     shape); retrying may help when the cause was a broken proxy, so it counts as recoverable."""
 
     recoverable = True
+
+
+class TranscriptTooLargeError(KernelError):
+    """The conversation no longer fits in the agent's state: its JSON is ``size`` bytes, over ``limit``
+    (`LLMAgent`'s ``max_transcript_bytes``). Raised before the model call, so no call is paid for a turn that
+    could not be stored; compact the transcript (``CompactionPipeline(..., max_bytes=...)``) or go on under a
+    new key."""
+
+    fields: ClassVar[tuple[str, ...]] = ("message", "size", "limit")
+
+    def __init__(self, message: str, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit

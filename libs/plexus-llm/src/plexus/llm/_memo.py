@@ -10,12 +10,14 @@ place), so a result stays true for as long as its item lives; the entry goes whe
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable
-from typing import Generic, TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, TypeVar
+
+import msgspec
 
 from plexus.core import Item
 
-__all__ = ["ItemMemo"]
+__all__ = ["ItemMemo", "encode_json", "item_json", "transcript_bytes"]
 
 T = TypeVar("T")
 
@@ -53,3 +55,15 @@ class ItemMemo(Generic[T]):
 
     def __len__(self) -> int:
         return len(self._entries)
+
+
+#: Each item's JSON (``model_dump(mode="json")``), made once while the item lives: the agent's state holds
+#: every item of the conversation, written again after every message; its size is checked before model calls.
+item_json: ItemMemo[dict[str, Any]] = ItemMemo(lambda item: item.model_dump(mode="json"))
+
+encode_json = msgspec.json.Encoder().encode
+
+
+def transcript_bytes(items: Sequence[Item]) -> int:
+    """The size of ``items`` as JSON in the agent's state (a list of the items' JSON objects)."""
+    return len(encode_json([item_json(i) for i in items]))
