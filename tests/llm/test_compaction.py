@@ -120,3 +120,9 @@ async def test_pipeline_triggers() -> None:
     assert by_bytes.triggered(items) is False  # exactly at the limit
     assert CompactionPipeline([KeepRecent(2)], max_bytes=size - 1).triggered(items) is True
     assert len(await CompactionPipeline([KeepRecent(2)], max_bytes=size - 1).run(items)) == 3
+    # Measured exactly as the transcript grows (each size goes on from the last one's) and when it does not.
+    for n in [*range(len(items) + 1), 2, len(items)]:
+        part = items[:n]
+        size = len(json.dumps([i.model_dump(mode="json") for i in part], separators=(",", ":")))
+        assert CompactionPipeline([KeepRecent(2)], max_bytes=size).triggered(part) is False
+        assert CompactionPipeline([KeepRecent(2)], max_bytes=size - 1).triggered(part) is True

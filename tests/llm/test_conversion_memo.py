@@ -13,13 +13,14 @@ import pytest
 from plexus.core import (
     Item,
     ItemKind,
+    ProtocolError,
     TextBlock,
     ThinkingBlock,
     ToolResultBlock,
     ToolUseBlock,
     custom_item,
 )
-from plexus.llm import ItemMemo, anthropic_messages, openai_messages
+from plexus.llm import ItemMemo, PrefixFold, anthropic_messages, openai_messages
 
 CANCELLED = "[no result: the call was cancelled before it finished]"
 
@@ -102,3 +103,57 @@ def test_what_a_caller_changes_in_a_conversion_does_not_reach_the_next() -> None
     system[0]["text"] = "changed"
     messages[0]["content"][0]["cache_control"] = {"type": "ephemeral"}  # what prompt caching users add
     assert anthropic_messages(items) == anthropic_messages(_fresh(items))
+
+
+@pytest.mark.parametrize("convert", [openai_messages, anthropic_messages], ids=["openai", "anthropic"])
+def test_a_transcript_that_does_not_extend_the_last_one_is_converted_as_it_is(
+    convert: Callable[..., Any],
+) -> None:
+    items = _transcript()
+    convert(items)
+    # Same first item and length, one item in the middle replaced (what compaction does): not the old prefix.
+    replaced = [*items[:2], _user("instead"), *items[3:]]
+    assert convert(replaced) == convert(_fresh(replaced))
+    assert "instead" in str(convert(replaced))
+    # Shorter, then two branches from one prefix taken in turns (a turn middleware calling call_next twice).
+    assert convert(items[:4]) == convert(_fresh(items[:4]))
+    left, right = [*items[:4], _user("left")], [*items[:4], _user("right")]
+    for _ in range(2):
+        assert convert(left) == convert(_fresh(left))
+        assert convert(right) == convert(_fresh(right))
+    # A transcript whose pairing is broken is refused, and the one before it still converts.
+    with pytest.raises(ProtocolError, match="second tool result"):
+        convert([*items, items[4]])
+    assert convert(items) == convert(_fresh(items))
+
+
+def test_prefix_fold_adds_only_the_items_new_since_the_last_call() -> None:
+    added: list[str] = []
+
+    def add(state: list[str], item: Item) -> None:
+        if item.text == "boom":
+            raise ValueError("boom")
+        added.append(item.text)
+        state.append(item.text)
+
+    fold: PrefixFold[list[str]] = PrefixFold(list, add)
+    a, b, c = _user("a"), _user("b"), _user("c")
+    assert fold([a, b]) == ["a", "b"]
+    assert fold([a, b, c]) == ["a", "b", "c"]
+    assert added == ["a", "b", "c"]  # the second call added c only
+    assert fold([a, c]) == ["a", "c"]  # not an extension of [a, b, c]: folded from the start
+    assert added == ["a", "b", "c", "a", "c"]
+    other = _user("x")
+    assert fold([other]) == ["x"]
+    assert len(fold) == 2  # one run per conversation (per first item)
+    with pytest.raises(ValueError, match="boom"):
+        fold([a, c, _user("boom")])
+    assert len(fold) == 1  # the failed run is dropped: its state was half-changed
+    assert fold([a, c]) == ["a", "c"]
+    del c
+    gc.collect()
+    assert len(fold) == 1  # a's run went with c; x's stays
+    for n in range(50):  # ids handed out again never resume another conversation's run
+        item = _user(f"n{n}")
+        assert fold([a, item]) == ["a", f"n{n}"]
+        del item

@@ -42,6 +42,7 @@ __all__ = [
     "ItemKind",
     "ItemView",
     "Metadata",
+    "ToolPairing",
     "branch_summary_item",
     "check_tool_pairing",
     "compaction_summary_item",
@@ -239,11 +240,30 @@ def check_tool_pairing(items: Iterable[ItemView], *, strict: bool = False) -> No
     one call; and, when ``strict``, calls still unanswered at the end (a transcript being sent to a model
     must be strict; one mid-turn may have calls in flight). Session-only items are skipped.
     """
-    called: dict[str, int] = {}  # call_id -> index of the item holding the call
-    answered: set[str] = set()
-    for index, item in enumerate(items):
+    pairing = ToolPairing()
+    for item in items:
+        pairing.add(item)
+    if strict:
+        pairing.check_answered()
+
+
+class ToolPairing:
+    """`check_tool_pairing` one item at a time: a transcript that grows is checked for its new items only."""
+
+    __slots__ = ("_answered", "_called", "_index")
+
+    def __init__(self) -> None:
+        self._called: dict[str, int] = {}  # call_id -> index of the item holding the call
+        self._answered: set[str] = set()
+        self._index = 0  # of the next item
+
+    def add(self, item: ItemView) -> None:
+        """Check the next item against the ones before it (`ProtocolError` at a fault)."""
+        index = self._index
+        self._index += 1
         if item.kind.is_session_only:
-            continue
+            return
+        called, answered = self._called, self._answered
         for block in item.blocks:
             if isinstance(block, ToolUseBlock):
                 if block.call_id in called:
@@ -260,8 +280,10 @@ def check_tool_pairing(items: Iterable[ItemView], *, strict: bool = False) -> No
                 if block.call_id in answered:
                     raise ProtocolError(f"item {index}: second tool result for call {block.call_id!r}")
                 answered.add(block.call_id)
-    if strict:
-        pending = [call_id for call_id in called if call_id not in answered]
+
+    def check_answered(self) -> None:
+        """Raise `ProtocolError` when a call so far has no result (the strict end of a transcript)."""
+        pending = [call_id for call_id in self._called if call_id not in self._answered]
         if pending:
             raise ProtocolError(f"tool calls without a result: {', '.join(map(repr, pending))}")
 

@@ -56,6 +56,7 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._fold import PrefixFold
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
 from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
@@ -93,6 +94,7 @@ __all__ = [
     "ModelTurn",
     "NoPendingApprovalError",
     "OpenAIChatModel",
+    "PrefixFold",
     "ProviderError",
     "ProviderProtocolError",
     "ProviderRetry",

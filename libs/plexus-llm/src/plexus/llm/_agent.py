@@ -40,7 +40,7 @@ from ._compaction import CompactionPipeline
 from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
-from ._memo import encode_json, item_json, transcript_bytes
+from ._memo import encode_json, transcript_bytes, transcript_json
 from ._middleware import Middleware, ModelCall, Turn, chain
 from ._tools import Tool, ToolRegistry
 from ._toolstep import ToolStep
@@ -280,7 +280,7 @@ class LLMAgent(Agent):
 
     def _keep(self, items: list[Item]) -> None:
         """Put the conversation into the state, each item dumped once while it lives."""
-        raw = self.state[TRANSCRIPT_KEY] = [item_json(i) for i in items]
+        raw = self.state[TRANSCRIPT_KEY] = transcript_json(items)
         self._kept = (raw, encode_json(raw), list(items))
 
     def _usage_meta(self) -> dict[str, Any]:

@@ -24,10 +24,10 @@ from plexus.core import (
     ItemKind,
     TextBlock,
     ThinkingBlock,
+    ToolPairing,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
-    check_tool_pairing,
 )
 
 from ._client import ModelRequest, ToolSpec
@@ -49,6 +49,7 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._fold import PrefixFold
 from ._openai import _retry_after
 
 if TYPE_CHECKING:
@@ -129,57 +130,79 @@ def anthropic_messages(items: Sequence[Item]) -> tuple[list[dict[str, Any]], lis
 
 def _messages(items: Sequence[Item]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
     """`anthropic_messages`, its blocks shared with the per-item memo (the request body only)."""
-    system: list[dict[str, Any]] = []
-    # Each message: role, its tool_result blocks, then its other blocks (results must come first).
-    turns: list[tuple[str, list[dict[str, Any]], list[dict[str, Any]]]] = []
-    pending: list[str] = []
+    conversation = _FOLD(items)
+    messages = list(conversation.messages)
+    role, results, rest = conversation.role, conversation.results, conversation.rest
+    if conversation.pending:  # calls never answered: answered as cancelled, in a user turn
+        cancelled = [_cancelled(call_id) for call_id in conversation.pending]
+        if role == "user":
+            results = [*results, *cancelled]
+        else:
+            if results or rest:
+                messages.append({"role": role, "content": [*results, *rest]})
+            role, results, rest = "user", cancelled, []
+    if results or rest:
+        messages.append({"role": role, "content": [*results, *rest]})
+    return list(conversation.system), messages
 
-    def turn(role: str) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
-        if not turns or turns[-1][0] != role:
-            turns.append((role, [], []))
-        return turns[-1]
 
-    def answer_pending() -> None:
-        if pending:
-            results = turn("user")[1]
-            for call_id in pending:
-                results.append(
-                    {
-                        "type": "tool_result",
-                        "tool_use_id": call_id,
-                        "content": CANCELLED_RESULT,
-                        "is_error": True,
-                    }
-                )
-            pending.clear()
+@dataclass
+class _Conversation:
+    """The system blocks and messages of the items so far. The last turn stays open (``role``, its
+    tool_result blocks, its other blocks; results must come first): the next item of the same role merges
+    into it. ``pending``: calls of the last assistant turn without a result yet."""
 
-    check_tool_pairing(items)
-    for item in items:
-        parts = _PARTS(item)
-        if parts is None:
-            continue  # no model sees it
-        if parts.system is not None:
-            system.append(parts.system)
-            continue
-        if parts.assistant:
-            answer_pending()
-            if parts.content:
-                turn("assistant")[2].extend(parts.content)
-            pending.extend(parts.calls)
-            continue
-        _, results, rest = turn("user")
-        for call_id, result in parts.results:
-            if call_id in pending:
-                pending.remove(call_id)
-            results.append(result)
-        rest.extend(parts.content)
-        if parts.answers:
-            answer_pending()
-    answer_pending()
-    messages = [
-        {"role": role, "content": [*results, *rest]} for role, results, rest in turns if results or rest
-    ]
-    return system, messages
+    pairing: ToolPairing = field(default_factory=ToolPairing)
+    system: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    role: str = ""
+    results: list[dict[str, Any]] = field(default_factory=list)
+    rest: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+
+    def turn(self, role: str) -> None:
+        """Make ``role``'s turn the open one (closing the other: an empty one sends nothing)."""
+        if self.role == role:
+            return
+        if self.results or self.rest:
+            self.messages.append({"role": self.role, "content": [*self.results, *self.rest]})
+        self.role, self.results, self.rest = role, [], []
+
+    def answer_pending(self) -> None:
+        if self.pending:
+            self.turn("user")
+            self.results.extend(_cancelled(call_id) for call_id in self.pending)
+            self.pending.clear()
+
+
+def _cancelled(call_id: str) -> dict[str, Any]:
+    return {"type": "tool_result", "tool_use_id": call_id, "content": CANCELLED_RESULT, "is_error": True}
+
+
+def _add(conversation: _Conversation, item: Item) -> None:
+    conversation.pairing.add(item)
+    parts = _PARTS(item)
+    if parts is None:
+        return  # no model sees it
+    if parts.system is not None:
+        conversation.system.append(parts.system)
+        return
+    if parts.assistant:
+        conversation.answer_pending()
+        if parts.content:
+            conversation.turn("assistant")
+            conversation.rest.extend(parts.content)
+        conversation.pending.extend(parts.calls)
+        return
+    conversation.turn("user")
+    pending = conversation.pending
+    for call_id, result in parts.results:
+        if call_id in pending:
+            pending.remove(call_id)
+        conversation.results.append(result)
+    conversation.rest.extend(parts.content)
+    if parts.answers:
+        conversation.answer_pending()
 
 
 @dataclass(frozen=True)
@@ -213,6 +236,8 @@ def _parts(item: Item) -> _Parts:
 
 #: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
 _PARTS = model_facing_memo(_parts)
+#: Each conversation's system blocks and messages so far: a turn adds only its new items to the last turn's.
+_FOLD = PrefixFold(_Conversation, _add)
 
 
 def _assistant_block(block: BaseBlock) -> dict[str, Any] | None:

@@ -17,7 +17,9 @@ import msgspec
 
 from plexus.core import Item
 
-__all__ = ["ItemMemo", "encode_json", "item_json", "transcript_bytes"]
+from ._fold import PrefixFold
+
+__all__ = ["ItemMemo", "encode_json", "item_json", "transcript_bytes", "transcript_json"]
 
 T = TypeVar("T")
 
@@ -64,6 +66,33 @@ item_json: ItemMemo[dict[str, Any]] = ItemMemo(lambda item: item.model_dump(mode
 encode_json = msgspec.json.Encoder().encode
 
 
+class _TranscriptJson:
+    """The items' JSON objects so far and the sum of their encoded sizes."""
+
+    __slots__ = ("objects", "size")
+
+    def __init__(self) -> None:
+        self.objects: list[dict[str, Any]] = []
+        self.size = 0
+
+
+def _add_json(transcript: _TranscriptJson, item: Item) -> None:
+    obj = item_json(item)
+    transcript.objects.append(obj)
+    transcript.size += len(encode_json(obj))
+
+
+#: A conversation's JSON so far: a model call checks its size, a message's end stores it (no pass over all).
+_TRANSCRIPT_JSON = PrefixFold(_TranscriptJson, _add_json)
+
+
+def transcript_json(items: Sequence[Item]) -> list[dict[str, Any]]:
+    """The items' JSON objects (each shared with `item_json`: read-only), as the agent's state holds them."""
+    return list(_TRANSCRIPT_JSON(items).objects)
+
+
 def transcript_bytes(items: Sequence[Item]) -> int:
-    """The size of ``items`` as JSON in the agent's state (a list of the items' JSON objects)."""
-    return len(encode_json([item_json(i) for i in items]))
+    """The size of ``items`` as JSON in the agent's state (a list of the items' JSON objects, compact)."""
+    transcript = _TRANSCRIPT_JSON(items)
+    count = len(transcript.objects)
+    return transcript.size + count + 1 if count else 2  # the brackets and the commas between the items

@@ -21,10 +21,10 @@ from plexus.core import (
     ItemKind,
     JsonValue,
     TextBlock,
+    ToolPairing,
     ToolResultBlock,
     ToolUseBlock,
     Usage,
-    check_tool_pairing,
 )
 
 from ._client import ModelRequest, ToolSpec
@@ -46,6 +46,7 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._fold import PrefixFold
 
 if TYPE_CHECKING:
     import openai
@@ -136,31 +137,42 @@ def openai_messages(items: Sequence[Item]) -> list[dict[str, Any]]:
 
 def _messages(items: Sequence[Item]) -> list[dict[str, Any]]:
     """`openai_messages`, its message objects shared with the per-item memo (the request body only)."""
-    messages: list[dict[str, Any]] = []
-    pending: list[str] = []  # call ids of the last assistant message still without a tool message
+    conversation = _FOLD(items)
+    cancelled = [
+        {"role": "tool", "tool_call_id": call_id, "content": CANCELLED_RESULT}
+        for call_id in conversation.pending
+    ]
+    return [*conversation.messages, *cancelled]
 
-    def answer_pending() -> None:
-        for call_id in pending:
-            messages.append({"role": "tool", "tool_call_id": call_id, "content": CANCELLED_RESULT})
-        pending.clear()
 
-    check_tool_pairing(items)
-    for item in items:
-        parts = _PARTS(item)
-        if parts is None:
-            continue  # no model sees it
-        for call_id, message in parts.results:
-            if call_id in pending:
-                pending.remove(call_id)
-            messages.append(message)
-        if not parts.opens:
-            continue
-        answer_pending()
-        if parts.message is not None:
-            messages.append(parts.message)
-            pending.extend(parts.calls)
-    answer_pending()
-    return messages
+@dataclass
+class _Conversation:
+    """The messages of the items so far, but for the answers of the calls still ``pending`` (the last
+    assistant message's calls without a tool message): a later item may answer them yet."""
+
+    pairing: ToolPairing = field(default_factory=ToolPairing)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
+
+
+def _add(conversation: _Conversation, item: Item) -> None:
+    conversation.pairing.add(item)
+    parts = _PARTS(item)
+    if parts is None:
+        return  # no model sees it
+    messages, pending = conversation.messages, conversation.pending
+    for call_id, message in parts.results:
+        if call_id in pending:
+            pending.remove(call_id)
+        messages.append(message)
+    if not parts.opens:
+        return
+    for call_id in pending:  # unanswered before the next message: answered as cancelled
+        messages.append({"role": "tool", "tool_call_id": call_id, "content": CANCELLED_RESULT})
+    pending.clear()
+    if parts.message is not None:
+        messages.append(parts.message)
+        pending.extend(parts.calls)
 
 
 @dataclass(frozen=True)
@@ -196,6 +208,8 @@ def _parts(item: Item) -> _Parts:
 
 #: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
 _PARTS = model_facing_memo(_parts)
+#: Each conversation's messages so far: a turn adds only its new items to the last turn's.
+_FOLD = PrefixFold(_Conversation, _add)
 
 
 def _result_text(result: ToolResultBlock) -> str:

@@ -1,0 +1,88 @@
+"""`PrefixFold`: a left fold over a transcript that goes on from where the conversation's last call stopped.
+
+Every model turn sends the whole conversation, and what a provider's messages are depends on the items'
+order (tool results merged after their calls, calls left unanswered answered as cancelled), so an item's
+own conversion (`ItemMemo`) is not the whole story: a pass over every item remained, and each turn's cost
+grew with the conversation. A conversation mostly grows at its end, so the fold keeps the state it reached
+after the last call's items and, when the next call's items begin with those same item objects, adds only
+the new ones.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Sequence
+from itertools import islice
+from typing import Generic, TypeVar
+
+from plexus.core import Item
+
+__all__ = ["PrefixFold"]
+
+S = TypeVar("S")
+
+
+class _Run(Generic[S]):
+    """The state after folding the items whose ids are ``ids``, all of them alive (an item that dies ends
+    the run, so an id the interpreter gives to a later item never matches)."""
+
+    __slots__ = ("__weakref__", "ids", "refs", "state")
+
+    def __init__(self, state: S) -> None:
+        self.state = state
+        self.ids: list[int] = []
+        self.refs: list[weakref.ref[Item]] = []
+
+
+class PrefixFold(Generic[S]):
+    """``fold(items)`` is ``start()`` with ``add(state, item)`` applied for each item in order, resumed from
+    the state the last call reached when its items are a prefix of these (the same objects, in order).
+
+    One run is kept per first item (a conversation's system prompt or first message): conversations going
+    on side by side each keep theirs. The returned state is shared with the next call: read it, never change
+    it. When ``add`` raises, the run is dropped (its state is half-changed) and the next call starts over.
+    """
+
+    def __init__(self, start: Callable[[], S], add: Callable[[S, Item], None]) -> None:
+        self._start = start
+        self._add = add
+        self._runs: dict[int, _Run[S]] = {}
+
+    def __call__(self, items: Sequence[Item]) -> S:
+        if not items:
+            return self._start()
+        key = id(items[0])
+        run = self._runs.get(key)
+        done = 0
+        if run is not None:
+            done = len(run.ids)
+            # Ids compared at C speed; they stand for the objects because every one of them is alive.
+            if done > len(items) or list(map(id, islice(items, done))) != run.ids:
+                run, done = None, 0
+        if run is None:
+            run = self._runs[key] = _Run(self._start())
+        forget = self._forget(key, run)
+        try:
+            for item in islice(items, done, None):
+                self._add(run.state, item)
+                run.ids.append(id(item))
+                run.refs.append(weakref.ref(item, forget))
+        except BaseException:
+            if self._runs.get(key) is run:
+                del self._runs[key]
+            raise
+        return run.state
+
+    def _forget(self, key: int, run: _Run[S]) -> Callable[[weakref.ref[Item]], None]:
+        runs = self._runs
+        # The callback holds the run weakly: a run replaced in ``runs`` goes at once, not at a GC pass.
+        ref = weakref.ref(run)
+
+        def forget(_dead: weakref.ref[Item]) -> None:
+            if (current := runs.get(key)) is not None and current is ref():
+                del runs[key]
+
+        return forget
+
+    def __len__(self) -> int:
+        return len(self._runs)
