@@ -77,6 +77,26 @@ async def test_a_check_that_accepts_an_age_still_sees_a_cancelled_tree_at_once(r
         await here.check(run, max_age_s=60.0)
 
 
+async def test_a_consume_in_a_tree_that_ended_raises_its_end_and_still_counts_the_usage(
+    runtime: Runtime,
+) -> None:
+    """The tree's end is read alongside the increments (one round trip): the consume raises the end, before
+    any budget verdict, and the usage it reports was spent, so it is counted."""
+    run = _orchestrated(ExecutionBudget(max_tokens=100))
+    control = RunControl(runtime.connection)
+    here = ClusterSupervisor(runtime.connection, control)
+    agent = AgentId("spender", "k")
+    await here.consume(run, agent, Usage(output_tokens=10), 1)
+    control.on_cancel(CancelNotice(root_id=run.root_id, run_id=run.run_id, reason="user"))
+    with pytest.raises(CancellationError):  # over the budget too (510 > 100): the end comes first
+        await here.consume(run, agent, Usage(output_tokens=500), 1)
+    elsewhere = ClusterSupervisor(runtime.connection, RunControl(runtime.connection))
+    with pytest.raises(BudgetExhaustedError) as spent:  # a process that knows nothing of the end
+        await elsewhere.check(run)
+    assert spent.value.dimension == "tokens"
+    assert spent.value.used == 510
+
+
 async def test_context_check_refuses_a_negative_age(runtime: Runtime, start_worker: Any) -> None:
     class Checker(Agent):
         async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:

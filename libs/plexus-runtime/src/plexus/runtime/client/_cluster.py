@@ -254,7 +254,6 @@ class ClusterSupervisor:
         if not run.orchestrated:
             await self.local.consume(run, agent_id, usage, turns)
             return
-        await self._raise_if_ended(run)
         deltas = {
             "tokens": usage.total_tokens,
             "cost_micros": round((usage.cost.amount if usage.cost else 0.0) * COST_SCALE),
@@ -273,13 +272,19 @@ class ClusterSupervisor:
             for dimension, delta in moved
         ]
         try:
-            results: list[Any] = await asyncio.gather(
+            # The run's end is read alongside (not first: a turn that ends after its model call, which a
+            # cached record of the run no longer covers, would wait for two round trips). Usage spent in a
+            # tree that has ended is still counted: it was spent.
+            ended, *results = await asyncio.gather(
+                self.control.terminal_error(run),
                 *(acks.answer(f, _INCREMENT_TIMEOUT_S, NatsTimeoutError) for f in increments),
                 *(self.rt.gets.get_last_msg(stream, self._counter(run, d)) for d in unmoved),
                 return_exceptions=True,
             )
         finally:
             acks.forget(increments)
+        if ended is not None:
+            raise ended  # the tree's end (returned) or its read's failure (raised), before any budget verdict
         totals: dict[str, int] = {}
         for (dimension, _), answer in zip(moved, results, strict=False):
             if isinstance(answer, BaseException):
