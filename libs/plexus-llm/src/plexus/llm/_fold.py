@@ -26,10 +26,11 @@ class _Run(Generic[S]):
     """The state after folding the items whose ids are ``ids``, all of them alive (an item that dies ends
     the run, so an id the interpreter gives to a later item never matches)."""
 
-    __slots__ = ("__weakref__", "ids", "refs", "state")
+    __slots__ = ("__weakref__", "forget", "ids", "refs", "state")
 
-    def __init__(self, state: S) -> None:
+    def __init__(self, state: S, forget: Callable[[weakref.ref[Item]], None]) -> None:
         self.state = state
+        self.forget = forget  # the callback of each item's weak reference
         self.ids: list[int] = []
         self.refs: list[weakref.ref[Item]] = []
 
@@ -60,29 +61,30 @@ class PrefixFold(Generic[S]):
             if done > len(items) or list(map(id, islice(items, done))) != run.ids:
                 run, done = None, 0
         if run is None:
-            run = self._runs[key] = _Run(self._start())
-        forget = self._forget(key, run)
+            run = self._runs[key] = self._new_run(key)
         try:
             for item in islice(items, done, None):
                 self._add(run.state, item)
                 run.ids.append(id(item))
-                run.refs.append(weakref.ref(item, forget))
+                run.refs.append(weakref.ref(item, run.forget))
         except BaseException:
             if self._runs.get(key) is run:
                 del self._runs[key]
             raise
         return run.state
 
-    def _forget(self, key: int, run: _Run[S]) -> Callable[[weakref.ref[Item]], None]:
+    def _new_run(self, key: int) -> _Run[S]:
         runs = self._runs
-        # The callback holds the run weakly: a run replaced in ``runs`` goes at once, not at a GC pass.
-        ref = weakref.ref(run)
+        run_ref: weakref.ref[_Run[S]] | None = None
 
         def forget(_dead: weakref.ref[Item]) -> None:
-            if (current := runs.get(key)) is not None and current is ref():
+            # The run is held weakly here: one replaced in ``runs`` goes at once, not at a GC pass.
+            if (current := runs.get(key)) is not None and run_ref is not None and current is run_ref():
                 del runs[key]
 
-        return forget
+        run = _Run(self._start(), forget)
+        run_ref = weakref.ref(run)
+        return run
 
     def __len__(self) -> int:
         return len(self._runs)
