@@ -9,6 +9,8 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from plexus.core import (
     Item,
@@ -157,3 +159,71 @@ def test_prefix_fold_adds_only_the_items_new_since_the_last_call() -> None:
         item = _user(f"n{n}")
         assert fold([a, item]) == ["a", f"n{n}"]
         del item
+
+
+@st.composite
+def _conversations(draw: st.DrawFn) -> list[Item]:
+    """Transcripts with what makes a conversion depend on the neighbours: calls answered late, partly or
+    never, results spread over items, users speaking while calls are open, system-like and session-only
+    items in between, assistant turns with nothing a model is sent (thinking without a signature)."""
+    items: list[Item] = []
+    open_calls: list[str] = []
+    n = 0
+    for _ in range(draw(st.integers(1, 14))):
+        kind = draw(st.sampled_from(["user", "assistant", "results", "system", "custom", "thinking"]))
+        if kind == "user":
+            items.append(_user(f"u{len(items)}"))
+        elif kind == "assistant":
+            calls = [f"c{n + i}" for i in range(draw(st.integers(0, 3)))]
+            n += len(calls)
+            text = [TextBlock(text="t")] if draw(st.booleans()) or not calls else []
+            thinking = [ThinkingBlock(content="p", signature="s")] if draw(st.booleans()) else []
+            blocks = [*thinking, *text, *(ToolUseBlock(call_id=c, tool_name="f") for c in calls)]
+            items.append(Item(kind=ItemKind.ASSISTANT, blocks=blocks))
+            open_calls.extend(calls)
+        elif kind == "results" and open_calls:
+            answered = draw(st.lists(st.sampled_from(open_calls), min_size=1, unique=True))
+            results = [ToolResultBlock(call_id=c, content=[TextBlock(text=f"r{c}")]) for c in answered]
+            items.append(Item(kind=ItemKind.TOOL, blocks=results))
+            open_calls = [c for c in open_calls if c not in answered]
+        elif kind == "system":
+            items.append(Item(kind=ItemKind.DEVELOPER, blocks=[TextBlock(text="rule")]))
+        elif kind == "custom":
+            items.append(custom_item("ui.note", [TextBlock(text="never sent")]))
+        elif kind == "thinking":
+            items.append(Item(kind=ItemKind.ASSISTANT, blocks=[ThinkingBlock(content="unsigned")]))
+    return items
+
+
+def _converts_as_fresh(items: list[Item]) -> None:
+    """Both conversions of ``items`` are a from-scratch one's (refused alike when the pairing is wrong)."""
+    try:
+        expected = openai_messages(_fresh(items)), anthropic_messages(_fresh(items))
+    except ProtocolError:  # an edit made the pairing wrong (a second result, say)
+        with pytest.raises(ProtocolError):
+            openai_messages(items)
+        with pytest.raises(ProtocolError):
+            anthropic_messages(items)
+        return
+    assert (openai_messages(items), anthropic_messages(items)) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=_conversations(), edits=st.lists(st.tuples(st.integers(0, 20), st.booleans()), max_size=6))
+def test_a_conversation_converted_as_it_grows_and_changes_is_what_a_fresh_conversion_gives(
+    items: list[Item], edits: list[tuple[int, bool]]
+) -> None:
+    """Each call goes on from the last one's state when it can (the same objects, grown) and starts over when
+    it cannot (cut, or an item replaced); either way the result is a from-scratch conversion's."""
+    current: list[Item] = []
+    for n in range(1, len(items) + 1):  # growing one item at a time
+        current = items[:n]
+        _converts_as_fresh(current)
+    for at, replace in edits:  # then cut back, or one item replaced by a copy of the last, and grown again
+        if not current:
+            break
+        at %= len(current)
+        current = [*current[:at], _fresh([current[-1]])[0], *current[at + 1 :]] if replace else current[:at]
+        _converts_as_fresh(current)
+        current = [*current, *items[len(current) :]]
+        _converts_as_fresh(current)
