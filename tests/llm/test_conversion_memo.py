@@ -5,6 +5,9 @@ does to what it got back."""
 from __future__ import annotations
 
 import gc
+import sys
+import threading
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -227,3 +230,56 @@ def test_a_conversation_converted_as_it_grows_and_changes_is_what_a_fresh_conver
         _converts_as_fresh(current)
         current = [*current, *items[len(current) :]]
         _converts_as_fresh(current)
+
+
+def test_conversations_converted_in_threads_side_by_side_stay_their_own() -> None:
+    """Threads sharing a first item (a module's system prompt) take turns on its run: none sees another's
+    items, and each gets what a fresh conversion gives."""
+    system = Item(kind=ItemKind.SYSTEM, blocks=[TextBlock(text="shared")])
+    wrong: list[str] = []
+
+    def converse(tag: str) -> None:
+        for round_ in range(40):
+            items = [system]
+            for n in range(8):
+                call = f"{tag}-{round_}-{n}"
+                items += [
+                    _user(f"{tag} {n}"),
+                    Item(kind=ItemKind.ASSISTANT, blocks=[ToolUseBlock(call_id=call, tool_name="f")]),
+                    Item(
+                        kind=ItemKind.TOOL,
+                        blocks=[ToolResultBlock(call_id=call, content=[TextBlock(text="r")])],
+                    ),
+                ]
+                if openai_messages(items) != openai_messages(_fresh(items)):
+                    wrong.append(f"{tag} round {round_} item {len(items)}")
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # threads switch as often as they can: a race shows within a few calls
+    try:
+        threads = [threading.Thread(target=converse, args=(tag,)) for tag in "ABCD"]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        sys.setswitchinterval(interval)
+    assert wrong == []
+
+
+def test_a_prefix_fold_nobody_uses_goes_with_its_last_reference() -> None:
+    class State(list[str]):
+        pass
+
+    def add(state: State, item: Item) -> None:
+        state.append(item.text)
+
+    items = [_user("a"), _user("b")]
+    fold: PrefixFold[State] = PrefixFold(State, add)
+    state = weakref.ref(fold(items))
+    gc.disable()  # freed by reference counting alone, not at a collection
+    try:
+        del fold
+        assert state() is None
+    finally:
+        gc.enable()

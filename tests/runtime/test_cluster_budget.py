@@ -4,6 +4,8 @@ call moves and reads the budgeted ones it does not, so a consume enforces the wh
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import msgspec
@@ -20,11 +22,12 @@ from plexus.core import (
     TextBlock,
     Usage,
 )
-from plexus.runtime import Agent, App, Context, Runtime
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime
 from plexus.runtime.client._cluster import ClusterSupervisor, RunControl
 from plexus.runtime.client._supervisor import new_root_run
 from plexus.runtime.wire._envelope import RunInfo
 from plexus.runtime.wire._orchestration import CancelNotice
+from tests.security.seeds import identity_auth
 
 
 async def test_a_consume_moving_tokens_only_still_enforces_a_spent_cost_budget(runtime: Runtime) -> None:
@@ -80,8 +83,8 @@ async def test_a_check_that_accepts_an_age_still_sees_a_cancelled_tree_at_once(r
 async def test_a_consume_in_a_tree_that_ended_raises_its_end_and_still_counts_the_usage(
     runtime: Runtime,
 ) -> None:
-    """The tree's end is read alongside the increments (one round trip): the consume raises the end, before
-    any budget verdict, and the usage it reports was spent, so it is counted."""
+    """An end this process knows is raised at once (before any budget verdict, waiting for no ack), and the
+    usage reported with it was spent, so it is still counted."""
     run = _orchestrated(ExecutionBudget(max_tokens=100))
     control = RunControl(runtime.connection)
     here = ClusterSupervisor(runtime.connection, control)
@@ -90,11 +93,32 @@ async def test_a_consume_in_a_tree_that_ended_raises_its_end_and_still_counts_th
     control.on_cancel(CancelNotice(root_id=run.root_id, run_id=run.run_id, reason="user"))
     with pytest.raises(CancellationError):  # over the budget too (510 > 100): the end comes first
         await here.consume(run, agent, Usage(output_tokens=500), 1)
-    elsewhere = ClusterSupervisor(runtime.connection, RunControl(runtime.connection))
-    with pytest.raises(BudgetExhaustedError) as spent:  # a process that knows nothing of the end
-        await elsewhere.check(run)
-    assert spent.value.dimension == "tokens"
-    assert spent.value.used == 510
+    elsewhere = ClusterSupervisor(runtime.connection, RunControl(runtime.connection))  # knows of no end
+    deadline = time.monotonic() + 5
+    spent: BudgetExhaustedError | None = None
+    while spent is None:  # the increments were sent, not waited for: counted once the server stored them
+        assert time.monotonic() < deadline, "the usage sent with a known end was never counted"
+        try:
+            await elsewhere.check(run)
+        except BudgetExhaustedError as exc:
+            spent = exc
+        await asyncio.sleep(0.01)
+    assert spent.dimension == "tokens"
+    assert spent.used == 510
+
+
+async def test_a_known_end_is_raised_even_when_the_usage_cannot_be_sent(
+    runtime: Runtime, nats_server: NatsServer
+) -> None:
+    run = _orchestrated(ExecutionBudget(max_tokens=100))
+    closing = await Runtime.connect(nats_server.url, auth=identity_auth(nats_server, "operator"))
+    control = RunControl(closing.connection)
+    here = ClusterSupervisor(closing.connection, control)
+    await here.consume(run, AgentId("spender", "k"), Usage(output_tokens=10), 1)
+    control.on_cancel(CancelNotice(root_id=run.root_id, run_id=run.run_id, reason="user"))
+    await closing.close()  # its connection gone: a publish would raise ConnectionClosedError
+    with pytest.raises(CancellationError):
+        await here.consume(run, AgentId("spender", "k"), Usage(output_tokens=5), 1)
 
 
 async def test_context_check_refuses_a_negative_age(runtime: Runtime, start_worker: Any) -> None:

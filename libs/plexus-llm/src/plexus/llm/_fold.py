@@ -10,6 +10,7 @@ the new ones.
 
 from __future__ import annotations
 
+import threading
 import weakref
 from collections.abc import Callable, Sequence
 from itertools import islice
@@ -42,16 +43,23 @@ class PrefixFold(Generic[S]):
     One run is kept per first item (a conversation's system prompt or first message): conversations going
     on side by side each keep theirs. The returned state is shared with the next call: read it, never change
     it. When ``add`` raises, the run is dropped (its state is half-changed) and the next call starts over.
+    Calls from several threads take turns (a run is extended by one call at a time).
     """
 
     def __init__(self, start: Callable[[], S], add: Callable[[S, Item], None]) -> None:
         self._start = start
         self._add = add
         self._runs: dict[int, _Run[S]] = {}
+        # Reentrant: a garbage collection inside ``add`` may run a dead item's callback on this thread.
+        self._lock = threading.RLock()
 
     def __call__(self, items: Sequence[Item]) -> S:
         if not items:
             return self._start()
+        with self._lock:
+            return self._fold(items)
+
+    def _fold(self, items: Sequence[Item]) -> S:
         key = id(items[0])
         run = self._runs.get(key)
         done = 0
@@ -74,13 +82,18 @@ class PrefixFold(Generic[S]):
         return run.state
 
     def _new_run(self, key: int) -> _Run[S]:
-        runs = self._runs
+        # The callback holds the fold and the run weakly: a fold nobody uses, and a run replaced in it, go
+        # at once with their last reference, not at a garbage collection.
+        fold_ref = weakref.ref(self)
         run_ref: weakref.ref[_Run[S]] | None = None
 
         def forget(_dead: weakref.ref[Item]) -> None:
-            # The run is held weakly here: one replaced in ``runs`` goes at once, not at a GC pass.
-            if (current := runs.get(key)) is not None and run_ref is not None and current is run_ref():
-                del runs[key]
+            fold = fold_ref()
+            if fold is None or run_ref is None:
+                return
+            with fold._lock:
+                if (current := fold._runs.get(key)) is not None and current is run_ref():
+                    del fold._runs[key]
 
         run = _Run(self._start(), forget)
         run_ref = weakref.ref(run)

@@ -10,6 +10,7 @@ run for agents that never report again.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections import OrderedDict
@@ -267,6 +268,16 @@ class ClusterSupervisor:
         stream = self.rt.topology.names.counters_stream
         read_at = time.monotonic()
         acks = self.rt.acks  # an increment is a JetStream publish whose ack carries the new total
+        known = self.control.cancelled.get(run.root_id)
+        if known is not None:
+            # An end this process knows already (a broadcast, an earlier read): raised at once, not after
+            # the acks or instead of a send's error; the usage is still sent, since it was spent.
+            with contextlib.suppress(Exception):
+                for dimension, delta in moved:
+                    acks.forget(
+                        [await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})]
+                    )
+            raise known
         increments = [
             await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})
             for dimension, delta in moved
