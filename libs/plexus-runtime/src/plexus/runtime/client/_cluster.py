@@ -10,7 +10,6 @@ run for agents that never report again.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from collections import OrderedDict
@@ -268,20 +267,22 @@ class ClusterSupervisor:
         stream = self.rt.topology.names.counters_stream
         read_at = time.monotonic()
         acks = self.rt.acks  # an increment is a JetStream publish whose ack carries the new total
+        # An end this process knows already (a broadcast, an earlier read) is raised at once, not after the
+        # acks nor instead of a send's error; the usage is still sent, since it was spent.
         known = self.control.cancelled.get(run.root_id)
+        increments: list[asyncio.Future[dict[str, Any]]] = []
+        try:
+            for dimension, delta in moved:
+                increments.append(
+                    await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})
+                )
+        except Exception:
+            if known is None:
+                acks.forget(increments)
+                raise
         if known is not None:
-            # An end this process knows already (a broadcast, an earlier read): raised at once, not after
-            # the acks or instead of a send's error; the usage is still sent, since it was spent.
-            with contextlib.suppress(Exception):
-                for dimension, delta in moved:
-                    acks.forget(
-                        [await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})]
-                    )
+            acks.forget(increments)
             raise known
-        increments = [
-            await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})
-            for dimension, delta in moved
-        ]
         try:
             # The run's end is read alongside (not first: a turn that ends after its model call, which a
             # cached record of the run no longer covers, would wait for two round trips). Usage spent in a
