@@ -19,7 +19,10 @@ neither side). Per model turn:
   `Middleware.process_turn`) times each iteration (model step with its progress, deltas, journal write and
   budget consume; the first also runs the tool step) — the peers' runs (in-process function calls) compare
   with this one; also as a ratio to one bare call;
-- CPU = (run CPU - bare pair CPU) / 2 (process CPU, means over rounds).
+- CPU = (run CPU - bare pair CPU) / 2 (process CPU, means over rounds);
+- the floor (journaled runs only): the same rounds for `bench.llm_floor.Floor`, the run's durable work
+  hand-written on nats-py and the SDK with no framework (``llm.floor.*``), and the ratio of the two figures
+  inside the handler: what the machine allows, beside what Plexus takes.
 
 The same in orchestrated runs (``start_run`` with a token budget, the real orchestrator on the same server:
 every model call's ``ctx.usage()`` is a counter increment on the server, the budget consume the issue's
@@ -42,6 +45,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from bench.llm_floor import Floor
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -187,6 +192,24 @@ async def _measure(
 
         rounds = await measure_rounds(runs, pair, plain_run, lambda i: iteration_times[("bench", f"k{i}")])
         metrics = rounds.metrics("llm.")
+        if journal:
+            # The same durable work hand-written on nats-py (bench/llm_floor.py), same process and rounds.
+            import nats
+
+            floor_nc = await nats.connect(url)
+            try:
+                floor = Floor(floor_nc, client.chat.completions.create, bodies, lambda a, b: a + b)
+                await floor.start()
+                rounds = await measure_rounds(runs, pair, floor.run, lambda i: floor.loop_times[i])
+            finally:
+                await floor_nc.close()
+            floor_metrics = rounds.metrics("llm.floor.")
+            metrics.update(floor_metrics)
+            floor_overhead = floor_metrics["llm.floor.loop_overhead_per_turn.p50_ms"]
+            if floor_overhead > 0:
+                metrics["llm.loop_overhead_floor_ratio"] = (
+                    metrics["llm.loop_overhead_per_turn.p50_ms"] / floor_overhead
+                )
         if orchestrated:
             with _orchestrator(url):
                 budget = ExecutionBudget(max_tokens=10**12)

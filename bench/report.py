@@ -69,11 +69,20 @@ ROWS = (
     # p50 over rounds that measure both sides back to back.
     Row("LLM bare SDK call p50 (the baseline)", "ms", None, "llm.bare_call.p50_ms", None, False),
     Row("LLM loop overhead per model turn p50", "ms", None, "llm.overhead_per_turn.p50_ms", None, False),
+    # The raw column: the same durable work hand-written on nats-py and the SDK (bench/llm_floor.py).
     Row(
         "LLM loop overhead per model turn, inside the handler p50",
         "ms",
-        None,
+        "llm.floor.loop_overhead_per_turn.p50_ms",
         "llm.loop_overhead_per_turn.p50_ms",
+        None,
+        False,
+    ),
+    Row(
+        "LLM loop overhead per model turn, inside the handler ÷ the hand-written floor's",
+        "×",
+        None,
+        "llm.loop_overhead_floor_ratio",
         None,
         False,
     ),

@@ -1,0 +1,140 @@
+"""The floor of the LLM loop: a Plexus run's durable work, hand-written on nats-py and the SDK, no framework.
+
+`bench.llm_bench` times it beside the Plexus run, in the same rounds, as raw nats-py is timed beside Plexus's
+messaging: what any implementation of the same guarantees pays on this machine, so the goal (≤ 1 ms per turn
+inside the handler) can be read against what the machine allows. One run, per model turn:
+
+- a ``thinking`` progress event, published to a JetStream stream (its ack awaited when the run ends, as the
+  worker awaits a handler's progress acks);
+- the streamed SDK call with the run's recorded request body (so no conversion of a transcript), each text
+  delta published on a core subject as it arrives, tool-call fragments joined by index;
+- the turn appended to a journal stream, fenced by the subject's last sequence (``Nats-Expected-Last-Subject-
+  Sequence``) and acknowledged before the tool runs or the next call starts (the final turn's ack is awaited
+  after the loop, as Plexus settles it after its iterations);
+- for a tool call: ``tool_call`` and ``tool_result`` progress events around the sync tool run in a thread
+  (``asyncio.to_thread``), its result appended to the journal the same way;
+- the usage added to an in-process counter (a run that is not orchestrated consumes its budget locally).
+
+What it leaves out, on purpose, because it is the framework's part: typed items and their validation, the
+transcript's conversion to the provider's messages, middleware, interceptors, records for the agent's
+EventLog, the activation, the commit and the reply.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+__all__ = ["Floor"]
+
+_ENCODE = msgspec.json.Encoder().encode
+_DECODE = msgspec.json.Decoder().decode
+_EXPECTED = "Nats-Expected-Last-Subject-Sequence"
+
+
+class Floor:
+    """The hand-written loop against one nats-server (its own two streams) and one SDK ``create``."""
+
+    def __init__(
+        self, nc: Any, create: Callable[..., Any], bodies: list[dict[str, Any]], tool: Callable[..., Any]
+    ) -> None:
+        self._nc = nc
+        self._create = create
+        self._bodies = bodies
+        self._tool = tool
+        self._acks: dict[str, asyncio.Future[bytes]] = {}
+        self._next_ack = 0
+        self._prefix = ""
+        self.loop_times: dict[int, float] = {}
+        self.tokens = 0
+
+    async def start(self) -> None:
+        from nats.js.api import StreamConfig
+
+        js = self._nc.jetstream()
+        await js.add_stream(StreamConfig(name="FLOOR_JOURNAL", subjects=["floor.journal.>"]))
+        await js.add_stream(StreamConfig(name="FLOOR_PROGRESS", subjects=["floor.progress.>"]))
+        self._prefix = self._nc.new_inbox()
+        await self._nc.subscribe(self._prefix + ".*", cb=self._on_ack)
+
+    async def _on_ack(self, msg: Any) -> None:
+        future = self._acks.pop(msg.subject, None)
+        if future is not None and not future.done():
+            future.set_result(msg.data)
+
+    async def _publish_acked(
+        self, subject: str, data: bytes, headers: dict[str, str] | None = None
+    ) -> asyncio.Future[bytes]:
+        """Publish to a stream; the future resolves with the server's ack."""
+        self._next_ack += 1
+        reply = f"{self._prefix}.{self._next_ack}"
+        future: asyncio.Future[bytes] = asyncio.get_running_loop().create_future()
+        self._acks[reply] = future
+        await self._nc.publish(subject, data, reply=reply, headers=headers)
+        return future
+
+    @staticmethod
+    async def _stored(ack: asyncio.Future[bytes]) -> int:
+        """The stream sequence of a stored message (raises if the server refused it)."""
+        answer = _DECODE(await ack)
+        if "error" in answer:
+            raise RuntimeError(f"not stored: {answer['error']}")
+        return int(answer["seq"])
+
+    async def run(self, i: int) -> None:
+        """One run of 2 model turns + 1 tool to a new key ``i``; its loop time goes to ``loop_times[i]``."""
+        key = f"k{i}"
+        journal, progress, deltas = f"floor.journal.{key}", f"floor.progress.{key}", f"floor.stream.{key}"
+        progress_acks: list[asyncio.Future[bytes]] = []
+        seq = 0  # a new key: its journal is empty
+        t0 = time.perf_counter()
+        last: asyncio.Future[bytes] | None = None
+        for step, body in enumerate(self._bodies):
+            event = {"step": "thinking", "agent": key, "ts": time.time(), "metadata": {"step": step}}
+            progress_acks.append(await self._publish_acked(progress, _ENCODE(event)))
+            text: list[str] = []
+            calls: dict[int, dict[str, Any]] = {}
+            usage = None
+            async for chunk in await self._create(**body):
+                usage = chunk.usage or usage
+                if not chunk.choices:
+                    continue
+                delta = chunk.choices[0].delta
+                if delta.content:
+                    text.append(delta.content)
+                    await self._nc.publish(deltas, _ENCODE({"type": "text_delta", "text": delta.content}))
+                for fragment in delta.tool_calls or ():
+                    call = calls.setdefault(fragment.index, {"id": "", "name": "", "arguments": []})
+                    call["id"] = fragment.id or call["id"]
+                    if fragment.function is not None:
+                        call["name"] = fragment.function.name or call["name"]
+                        call["arguments"].append(fragment.function.arguments or "")
+            self.tokens += usage.total_tokens if usage is not None else 0
+            uses = [
+                {"id": c["id"], "name": c["name"], "input": json.loads("".join(c["arguments"]) or "{}")}
+                for c in calls.values()
+            ]
+            turn = {"step": 2 * step, "text": "".join(text), "tool_calls": uses}
+            if last is not None:
+                seq = await self._stored(last)
+            last = await self._publish_acked(journal, _ENCODE(turn), {_EXPECTED: str(seq)})
+            if not uses:
+                continue
+            seq = await self._stored(last)  # the tool acts only on a stored turn
+            event = {"step": "tool_call", "agent": key, "ts": time.time(), "content": uses}
+            progress_acks.append(await self._publish_acked(progress, _ENCODE(event)))
+            results = [await asyncio.to_thread(self._tool, **u["input"]) for u in uses]
+            event = {"step": "tool_result", "agent": key, "ts": time.time(), "content": results}
+            progress_acks.append(await self._publish_acked(progress, _ENCODE(event)))
+            answer = {"step": 2 * step + 1, "results": results}
+            last = await self._publish_acked(journal, _ENCODE(answer), {_EXPECTED: str(seq)})
+        self.loop_times[i] = time.perf_counter() - t0
+        if last is not None:
+            await self._stored(last)
+        for ack in progress_acks:
+            await self._stored(ack)
