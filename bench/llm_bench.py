@@ -46,8 +46,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
-from bench.llm_floor import Floor
-
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -195,6 +193,8 @@ async def _measure(
         if journal:
             # The same durable work hand-written on nats-py (bench/llm_floor.py), same process and rounds.
             import nats
+
+            from bench.llm_floor import Floor  # here: the peers' venvs import this module without msgspec
 
             floor_nc = await nats.connect(url)
             try:
