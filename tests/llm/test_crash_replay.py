@@ -1,5 +1,7 @@
 """★ Journaled turns: a worker SIGKILLed between turn 2 and turn 3 of a 4-turn run; the retried handler on
-another worker replays turns 1-2 from the journal, so the provider is asked for them exactly once."""
+another worker replays turns 1-2 from the journal, so the provider is asked for them exactly once. Two more
+kill points: while a tool runs (its step runs again, nothing before it), and after the final turn is stored
+but before the message is committed (nothing runs again: the whole run comes from the journal)."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from plexus.core import AgentId, TextBlock
+from plexus.llm import LlmStep
 from plexus.runtime import Runtime
 
 from .fake_providers import Answer, FakeProvider, Sse, openai_frames
@@ -59,6 +62,91 @@ async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
     tool_messages = [m for m in retry["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == ["call_1", "call_2"]
     assert tool_messages[0]["content"] == "noted: t1"
+
+
+def _two_turns(per_turn: Counter[int]) -> Any:
+    """Turn 1 asks for the ``note`` tool, turn 2 answers."""
+
+    def respond(body: dict[str, Any]) -> Answer:
+        turn = _turn_of(body)
+        per_turn[turn] += 1
+        if turn == 1:
+            return Sse(openai_frames("noting", [("call_1", "note", '{"text": "t1"}')]))
+        return Sse(openai_frames("done after 2 turns"))
+
+    return respond
+
+
+async def _journal_steps(runtime: Runtime, key: str) -> list[int]:
+    records = await runtime.event_log(AgentId("researcher.llm-journal", key)).read()
+    return [r.entry.step for r in records if isinstance(r.entry, LlmStep)]
+
+
+async def _killed_at(marker: Path, worker: Any) -> None:
+    """Wait until the worker parks at ``marker``, then SIGKILL it."""
+    for _ in range(600):
+        if await asyncio.to_thread(marker.exists):
+            break
+        await asyncio.sleep(0.05)
+    else:
+        raise AssertionError(f"the worker never reached {marker.name}")
+    os.kill(worker.pid, signal.SIGKILL)
+    assert await asyncio.to_thread(worker.wait, 10) == -signal.SIGKILL
+
+
+async def test_sigkill_while_a_tool_runs_repeats_only_the_tool_step(
+    runtime: Runtime, worker_process: Any, tmp_path: Path
+) -> None:
+    per_turn: Counter[int] = Counter()
+    async with FakeProvider(_two_turns(per_turn)) as fake:
+        notes, marker = tmp_path / "notes.log", tmp_path / "in-tool"
+        env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(notes)}
+        first = worker_process(
+            "tests.llm.apps_llm:app", "--worker-id", "w1", env={**env, "NOTE_HOLD": str(marker)}
+        )
+        reply_task = asyncio.ensure_future(
+            runtime.send_message([TextBlock(text="note it")], AgentId("researcher", "t1"), timeout=90)
+        )
+        await _killed_at(marker, first)
+        worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
+        reply = await asyncio.wait_for(reply_task, 90)
+
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done after 2 turns"]
+    # Turn 1 came from the journal; the tool, killed mid-run, ran again (tools run at least once).
+    assert per_turn == Counter({1: 1, 2: 1}), (per_turn, _logs(tmp_path))
+    assert notes.read_text().split() == ["t1", "t1"]
+    assert await _journal_steps(runtime, "t1") == [0, 1, 2]  # each step stored once
+
+
+async def test_sigkill_after_the_final_turn_is_stored_runs_nothing_again(
+    runtime: Runtime, worker_process: Any, tmp_path: Path
+) -> None:
+    per_turn: Counter[int] = Counter()
+    async with FakeProvider(_two_turns(per_turn)) as fake:
+        notes, marker = tmp_path / "notes.log", tmp_path / "after-final-turn"
+        env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(notes)}
+        hold = {"HOLD_AFTER_TURN": f"1:{marker}"}
+        first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env={**env, **hold})
+        reply_task = asyncio.ensure_future(
+            runtime.send_message([TextBlock(text="note it")], AgentId("researcher", "f1"), timeout=90)
+        )
+        for _ in range(
+            600
+        ):  # the final turn stored (the worker parks after its iteration, before the commit)
+            if await asyncio.to_thread(marker.exists) and await _journal_steps(runtime, "f1") == [0, 1, 2]:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"the final turn was never stored: {_logs(tmp_path)}")
+        await _killed_at(marker, first)
+        worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
+        reply = await asyncio.wait_for(reply_task, 90)
+
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done after 2 turns"]
+    assert per_turn == Counter({1: 1, 2: 1}), (per_turn, _logs(tmp_path))
+    assert fake.count == 2  # the retried handler asked the provider for nothing
+    assert notes.read_text().split() == ["t1"]
+    assert await _journal_steps(runtime, "f1") == [0, 1, 2]
 
 
 def _logs(tmp_path: Path) -> str:
