@@ -12,7 +12,7 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from plexus.core import AgentId, TextBlock
+from plexus.core import AgentId, ExecutionBudget, TextBlock
 from plexus.llm import LlmStep
 from plexus.runtime import Runtime
 
@@ -62,6 +62,44 @@ async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
     tool_messages = [m for m in retry["messages"] if m["role"] == "tool"]
     assert [m["tool_call_id"] for m in tool_messages] == ["call_1", "call_2"]
     assert tool_messages[0]["content"] == "noted: t1"
+
+
+async def test_an_orchestrated_run_killed_mid_run_counts_every_answered_call_once(
+    runtime: Runtime, worker_process: Any, orchestrator: Any, tmp_path: Path
+) -> None:
+    """The tree's budget after a crash counts what the provider billed: every call that answered, once. The
+    replayed turns were counted before they were journaled and are not counted again; the call that died
+    with the worker never answered (no usage), and its retry is counted."""
+    per_turn: Counter[int] = Counter()
+
+    def respond(body: dict[str, Any]) -> Answer:
+        turn = _turn_of(body)
+        per_turn[turn] += 1
+        if turn < 4:
+            return Sse(openai_frames(f"step {turn}", [(f"call_{turn}", "note", f'{{"text": "t{turn}"}}')]))
+        return Sse(openai_frames("done after 4 turns"))
+
+    async with FakeProvider(respond) as fake:
+        env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(tmp_path / "notes.log")}
+        arrived, release = fake.hold(3)
+        first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env=env)
+        run_id = await runtime.start_run(
+            AgentId("researcher", "o1"),
+            [TextBlock(text="research nats")],
+            budget=ExecutionBudget(max_tokens=10_000),
+        )
+        await asyncio.wait_for(arrived.wait(), 60)
+        os.kill(first.pid, signal.SIGKILL)
+        assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+        release.set()
+        worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
+        reply = await runtime.run_result(run_id, timeout=90)
+
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done after 4 turns"]
+    assert per_turn == Counter({1: 1, 2: 1, 3: 2, 4: 1}), (per_turn, _logs(tmp_path))
+    record = await runtime.get_run(run_id)
+    # 4 answered calls of 12 + 7 tokens each (openai_frames' usage); the 5th request died unanswered.
+    assert (record.usage.tokens, record.usage.turns) == (4 * 19, 4), record.usage
 
 
 def _two_turns(per_turn: Counter[int]) -> Any:
