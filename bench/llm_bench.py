@@ -22,7 +22,8 @@ neither side). Per model turn:
 - CPU = (run CPU - bare pair CPU) / 2 (process CPU, means over rounds);
 - the floor (journaled runs only): the same rounds for `bench.llm_floor.Floor`, the run's durable work
   hand-written on nats-py and the SDK with no framework (``llm.floor.*``), and the ratio of the two figures
-  inside the handler: what the machine allows, beside what Plexus takes.
+  inside the handler: what the machine allows, beside what Plexus takes; for orchestrated runs the floor
+  consumes its budget on a counter stream (``llm.orchestrated.floor.*``).
 
 The same in orchestrated runs (``start_run`` with a token budget, the real orchestrator on the same server:
 every model call's ``ctx.usage()`` is a counter increment on the server, the budget consume the issue's
@@ -192,24 +193,7 @@ async def _measure(
         metrics = rounds.metrics("llm.")
         if journal:
             # The same durable work hand-written on nats-py (bench/llm_floor.py), same process and rounds.
-            import nats
-
-            from bench.llm_floor import Floor  # here: the peers' venvs import this module without msgspec
-
-            floor_nc = await nats.connect(url)
-            try:
-                floor = Floor(floor_nc, client.chat.completions.create, bodies, lambda a, b: a + b)
-                await floor.start()
-                rounds = await measure_rounds(runs, pair, floor.run, lambda i: floor.loop_times[i])
-            finally:
-                await floor_nc.close()
-            floor_metrics = rounds.metrics("llm.floor.")
-            metrics.update(floor_metrics)
-            floor_overhead = floor_metrics["llm.floor.loop_overhead_per_turn.p50_ms"]
-            if floor_overhead > 0:
-                metrics["llm.loop_overhead_floor_ratio"] = (
-                    metrics["llm.loop_overhead_per_turn.p50_ms"] / floor_overhead
-                )
+            metrics.update(await _floor_metrics(url, runs, pair, client, bodies, "llm.", metrics))
         if orchestrated:
             with _orchestrator(url):
                 budget = ExecutionBudget(max_tokens=10**12)
@@ -223,7 +207,50 @@ async def _measure(
                 rounds = await measure_rounds(
                     runs, pair, orchestrated_run, lambda i: iteration_times[("bench", f"o{i}")]
                 )
-            metrics.update(rounds.metrics("llm.orchestrated."))
+                metrics.update(rounds.metrics("llm.orchestrated."))
+                if journal:  # the floor again, its budget consumed on the server as an orchestrated run's is
+                    floor = await _floor_metrics(
+                        url, runs, pair, client, bodies, "llm.orchestrated.", metrics
+                    )
+                    metrics.update(floor)
+    return metrics
+
+
+async def _floor_metrics(
+    url: str,
+    runs: int,
+    pair: Any,
+    client: Any,
+    bodies: list[dict[str, Any]],
+    prefix: str,
+    plexus: dict[str, float],
+) -> dict[str, float]:
+    """`bench.llm_floor.Floor` in the same kind of rounds (its budget on the server's counters for the
+    orchestrated prefix), as ``<prefix>floor.*``, and Plexus's figure inside the handler (from ``plexus``)
+    ÷ the floor's."""
+    import nats
+
+    from bench.llm_floor import Floor  # here: the peers' venvs import this module without msgspec
+
+    nc = await nats.connect(url)
+    try:
+        floor = Floor(
+            nc,
+            client.chat.completions.create,
+            bodies,
+            lambda a, b: a + b,
+            counters=prefix == "llm.orchestrated.",
+            name="o" if prefix == "llm.orchestrated." else "k",
+        )
+        await floor.start()
+        rounds = await measure_rounds(runs, pair, floor.run, lambda i: floor.loop_times[i])
+    finally:
+        await nc.close()
+    metrics = rounds.metrics(f"{prefix}floor.")
+    floor_loop = metrics[f"{prefix}floor.loop_overhead_per_turn.p50_ms"]
+    if floor_loop > 0:
+        plexus_loop = plexus[f"{prefix}loop_overhead_per_turn.p50_ms"]
+        metrics[f"{prefix}loop_overhead_floor_ratio"] = plexus_loop / floor_loop
     return metrics
 
 

@@ -13,7 +13,10 @@ inside the handler) can be read against what the machine allows. One run, per mo
   after the loop, as Plexus settles it after its iterations);
 - for a tool call: ``tool_call`` and ``tool_result`` progress events around the sync tool run in a thread
   (``asyncio.to_thread``), its result appended to the journal the same way;
-- the usage added to an in-process counter (a run that is not orchestrated consumes its budget locally).
+- the usage added to an in-process counter (a run that is not orchestrated consumes its budget locally),
+  or, with ``counters`` (the floor of an orchestrated run), sent as two ``Nats-Incr`` increments (tokens,
+  turns) to a counter stream and checked against the budget once both acks are in, before the turn is
+  journaled (a turn is journaled only once counted, as in Plexus).
 
 What it leaves out, on purpose, because it is the framework's part: typed items and their validation, the
 transcript's conversion to the provider's messages, middleware, interceptors, records for the agent's
@@ -35,15 +38,26 @@ __all__ = ["Floor"]
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
+#: The floor's budget per counter (as large as the bench's: never reached).
+_BUDGET = 10**12
 
 
 class Floor:
     """The hand-written loop against one nats-server (its own two streams) and one SDK ``create``."""
 
     def __init__(
-        self, nc: Any, create: Callable[..., Any], bodies: list[dict[str, Any]], tool: Callable[..., Any]
+        self,
+        nc: Any,
+        create: Callable[..., Any],
+        bodies: list[dict[str, Any]],
+        tool: Callable[..., Any],
+        *,
+        counters: bool = False,
+        name: str = "k",
     ) -> None:
         self._nc = nc
+        self._counters = counters
+        self._name = name  # keys are <name><i>: a new, empty journal subject for every run
         self._create = create
         self._bodies = bodies
         self._tool = tool
@@ -59,6 +73,9 @@ class Floor:
         js = self._nc.jetstream()
         await js.add_stream(StreamConfig(name="FLOOR_JOURNAL", subjects=["floor.journal.>"]))
         await js.add_stream(StreamConfig(name="FLOOR_PROGRESS", subjects=["floor.progress.>"]))
+        if self._counters:
+            counters = StreamConfig(name="FLOOR_COUNTERS", subjects=["floor.ctr.>"], allow_msg_counter=True)
+            await js.add_stream(counters)
         self._prefix = self._nc.new_inbox()
         await self._nc.subscribe(self._prefix + ".*", cb=self._on_ack)
 
@@ -86,9 +103,20 @@ class Floor:
             raise RuntimeError(f"not stored: {answer['error']}")
         return int(answer["seq"])
 
+    async def _consume(self, key: str, tokens: int) -> None:
+        """The tree's counters moved by one model call, both increments at once; over budget raises."""
+        acks = [
+            await self._publish_acked(f"floor.ctr.{key}.tokens", b"", {"Nats-Incr": str(tokens)}),
+            await self._publish_acked(f"floor.ctr.{key}.turns", b"", {"Nats-Incr": "1"}),
+        ]
+        for ack in acks:
+            answer = _DECODE(await ack)
+            if "error" in answer or int(answer["val"]) > _BUDGET:
+                raise RuntimeError(f"over budget or not counted: {answer}")
+
     async def run(self, i: int) -> None:
         """One run of 2 model turns + 1 tool to a new key ``i``; its loop time goes to ``loop_times[i]``."""
-        key = f"k{i}"
+        key = f"{self._name}{i}"
         journal, progress, deltas = f"floor.journal.{key}", f"floor.progress.{key}", f"floor.stream.{key}"
         progress_acks: list[asyncio.Future[bytes]] = []
         seq = 0  # a new key: its journal is empty
@@ -114,7 +142,11 @@ class Floor:
                     if fragment.function is not None:
                         call["name"] = fragment.function.name or call["name"]
                         call["arguments"].append(fragment.function.arguments or "")
-            self.tokens += usage.total_tokens if usage is not None else 0
+            tokens = usage.total_tokens if usage is not None else 0
+            if self._counters:
+                await self._consume(key, tokens)
+            else:
+                self.tokens += tokens
             uses = [
                 {"id": c["id"], "name": c["name"], "input": json.loads("".join(c["arguments"]) or "{}")}
                 for c in calls.values()

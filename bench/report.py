@@ -114,8 +114,16 @@ ROWS = (
     Row(
         "LLM loop overhead per model turn, orchestrated, inside the handler p50",
         "ms",
-        None,
+        "llm.orchestrated.floor.loop_overhead_per_turn.p50_ms",
         "llm.orchestrated.loop_overhead_per_turn.p50_ms",
+        None,
+        False,
+    ),
+    Row(
+        "LLM loop overhead per model turn, orchestrated, inside the handler ÷ the hand-written floor's",
+        "×",
+        None,
+        "llm.orchestrated.loop_overhead_floor_ratio",
         None,
         False,
     ),
