@@ -9,10 +9,11 @@ import asyncio
 import os
 import signal
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from plexus.core import AgentId, ExecutionBudget, TextBlock
+from plexus.core import AgentId, BaseBlock, ExecutionBudget, TextBlock
 from plexus.llm import LlmStep
 from plexus.runtime import Runtime
 
@@ -24,10 +25,8 @@ def _turn_of(body: dict[str, Any]) -> int:
     return 1 + sum(1 for m in body["messages"] if m["role"] == "assistant")
 
 
-async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
-    runtime: Runtime, worker_process: Any, tmp_path: Path
-) -> None:
-    per_turn: Counter[int] = Counter()
+def _four_turns(per_turn: Counter[int]) -> Any:
+    """Turns 1-3 each ask for the ``note`` tool, turn 4 answers."""
 
     def respond(body: dict[str, Any]) -> Answer:
         turn = _turn_of(body)
@@ -36,7 +35,20 @@ async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
             return Sse(openai_frames(f"step {turn}", [(f"call_{turn}", "note", f'{{"text": "t{turn}"}}')]))
         return Sse(openai_frames("done after 4 turns"))
 
-    async with FakeProvider(respond) as fake:
+    return respond
+
+
+async def _kill(worker: Any) -> None:
+    os.kill(worker.pid, signal.SIGKILL)
+    assert await asyncio.to_thread(worker.wait, 10) == -signal.SIGKILL
+
+
+async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
+    runtime: Runtime, worker_process: Any, tmp_path: Path
+) -> None:
+    per_turn: Counter[int] = Counter()
+
+    async with FakeProvider(_four_turns(per_turn)) as fake:
         notes = tmp_path / "notes.log"
         env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(notes)}
         arrived, release = fake.hold(3)  # turn 3's first request waits: the worker is mid-run, turns 1-2 done
@@ -45,8 +57,7 @@ async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
             runtime.send_message([TextBlock(text="research nats")], AgentId("researcher", "r1"), timeout=90)
         )
         await asyncio.wait_for(arrived.wait(), 60)
-        os.kill(first.pid, signal.SIGKILL)
-        assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+        await _kill(first)
         release.set()
         worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
         reply = await asyncio.wait_for(reply_task, 90)
@@ -72,14 +83,7 @@ async def test_an_orchestrated_run_killed_mid_run_counts_every_answered_call_onc
     with the worker never answered (no usage), and its retry is counted."""
     per_turn: Counter[int] = Counter()
 
-    def respond(body: dict[str, Any]) -> Answer:
-        turn = _turn_of(body)
-        per_turn[turn] += 1
-        if turn < 4:
-            return Sse(openai_frames(f"step {turn}", [(f"call_{turn}", "note", f'{{"text": "t{turn}"}}')]))
-        return Sse(openai_frames("done after 4 turns"))
-
-    async with FakeProvider(respond) as fake:
+    async with FakeProvider(_four_turns(per_turn)) as fake:
         env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(tmp_path / "notes.log")}
         arrived, release = fake.hold(3)
         first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env=env)
@@ -89,8 +93,7 @@ async def test_an_orchestrated_run_killed_mid_run_counts_every_answered_call_onc
             budget=ExecutionBudget(max_tokens=10_000),
         )
         await asyncio.wait_for(arrived.wait(), 60)
-        os.kill(first.pid, signal.SIGKILL)
-        assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+        await _kill(first)
         release.set()
         worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
         reply = await runtime.run_result(run_id, timeout=90)
@@ -120,70 +123,76 @@ async def _journal_steps(runtime: Runtime, key: str) -> list[int]:
     return [r.entry.step for r in records if isinstance(r.entry, LlmStep)]
 
 
-async def _killed_at(marker: Path, worker: Any) -> None:
-    """Wait until the worker parks at ``marker``, then SIGKILL it."""
+async def _parked_at(marker: Path) -> None:
+    """Wait until the worker parks at ``marker``."""
     for _ in range(600):
         if await asyncio.to_thread(marker.exists):
-            break
+            return
         await asyncio.sleep(0.05)
-    else:
-        raise AssertionError(f"the worker never reached {marker.name}")
-    os.kill(worker.pid, signal.SIGKILL)
-    assert await asyncio.to_thread(worker.wait, 10) == -signal.SIGKILL
+    raise AssertionError(f"the worker never reached {marker.name}")
+
+
+async def _two_turns_killed(
+    runtime: Runtime,
+    worker_process: Any,
+    tmp_path: Path,
+    key: str,
+    hold: dict[str, str],
+    parked: Callable[[], Awaitable[None]],
+) -> tuple[list[BaseBlock], Counter[int], int]:
+    """A two-turn run to ``key`` on a worker started with ``hold``, SIGKILLed once ``parked()`` returns, then
+    finished by a second worker: the reply, the provider's requests per turn and in all."""
+    per_turn: Counter[int] = Counter()
+    async with FakeProvider(_two_turns(per_turn)) as fake:
+        env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(tmp_path / "notes.log")}
+        first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env={**env, **hold})
+        reply_task = asyncio.ensure_future(
+            runtime.send_message([TextBlock(text="note it")], AgentId("researcher", key), timeout=90)
+        )
+        await parked()
+        await _kill(first)
+        worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
+        reply = await asyncio.wait_for(reply_task, 90)
+    return reply, per_turn, fake.count
 
 
 async def test_sigkill_while_a_tool_runs_repeats_only_the_tool_step(
     runtime: Runtime, worker_process: Any, tmp_path: Path
 ) -> None:
-    per_turn: Counter[int] = Counter()
-    async with FakeProvider(_two_turns(per_turn)) as fake:
-        notes, marker = tmp_path / "notes.log", tmp_path / "in-tool"
-        env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(notes)}
-        first = worker_process(
-            "tests.llm.apps_llm:app", "--worker-id", "w1", env={**env, "NOTE_HOLD": str(marker)}
-        )
-        reply_task = asyncio.ensure_future(
-            runtime.send_message([TextBlock(text="note it")], AgentId("researcher", "t1"), timeout=90)
-        )
-        await _killed_at(marker, first)
-        worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
-        reply = await asyncio.wait_for(reply_task, 90)
-
+    marker = tmp_path / "in-tool"
+    reply, per_turn, _ = await _two_turns_killed(
+        runtime, worker_process, tmp_path, "t1", {"NOTE_HOLD": str(marker)}, lambda: _parked_at(marker)
+    )
     assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done after 2 turns"]
     # Turn 1 came from the journal; the tool, killed mid-run, ran again (tools run at least once).
     assert per_turn == Counter({1: 1, 2: 1}), (per_turn, _logs(tmp_path))
-    assert notes.read_text().split() == ["t1", "t1"]
+    assert (tmp_path / "notes.log").read_text().split() == ["t1", "t1"]
     assert await _journal_steps(runtime, "t1") == [0, 1, 2]  # each step stored once
 
 
 async def test_sigkill_after_the_final_turn_is_stored_runs_nothing_again(
     runtime: Runtime, worker_process: Any, tmp_path: Path
 ) -> None:
-    per_turn: Counter[int] = Counter()
-    async with FakeProvider(_two_turns(per_turn)) as fake:
-        notes, marker = tmp_path / "notes.log", tmp_path / "after-final-turn"
-        env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(notes)}
-        hold = {"HOLD_AFTER_TURN": f"1:{marker}"}
-        first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env={**env, **hold})
-        reply_task = asyncio.ensure_future(
-            runtime.send_message([TextBlock(text="note it")], AgentId("researcher", "f1"), timeout=90)
-        )
-        for _ in range(
-            600
-        ):  # the final turn stored (the worker parks after its iteration, before the commit)
-            if await asyncio.to_thread(marker.exists) and await _journal_steps(runtime, "f1") == [0, 1, 2]:
-                break
-            await asyncio.sleep(0.05)
-        else:
-            raise AssertionError(f"the final turn was never stored: {_logs(tmp_path)}")
-        await _killed_at(marker, first)
-        worker_process("tests.llm.apps_llm:app", "--worker-id", "w2", env=env)
-        reply = await asyncio.wait_for(reply_task, 90)
+    marker = tmp_path / "after-final-turn"
 
+    async def final_turn_stored() -> None:
+        # The worker parks after the loop's last iteration, before the commit; the final turn's append is
+        # then on its way: wait until the journal holds it.
+        await _parked_at(marker)
+        for _ in range(600):
+            if await _journal_steps(runtime, "f1") == [0, 1, 2]:
+                return
+            await asyncio.sleep(0.05)
+        raise AssertionError(f"the final turn was never stored: {_logs(tmp_path)}")
+
+    hold = {"HOLD_AFTER_TURN": f"1:{marker}"}
+    reply, per_turn, requests = await _two_turns_killed(
+        runtime, worker_process, tmp_path, "f1", hold, final_turn_stored
+    )
     assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done after 2 turns"]
     assert per_turn == Counter({1: 1, 2: 1}), (per_turn, _logs(tmp_path))
-    assert fake.count == 2  # the retried handler asked the provider for nothing
-    assert notes.read_text().split() == ["t1"]
+    assert requests == 2  # the retried handler asked the provider for nothing
+    assert (tmp_path / "notes.log").read_text().split() == ["t1"]
     assert await _journal_steps(runtime, "f1") == [0, 1, 2]
 
 
