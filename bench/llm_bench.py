@@ -193,7 +193,7 @@ async def _measure(
         metrics = rounds.metrics("llm.")
         if journal:
             # The same durable work hand-written on nats-py (bench/llm_floor.py), same process and rounds.
-            metrics.update(await _floor_metrics(url, runs, pair, client, bodies, "llm.", metrics))
+            metrics.update(await _floor_metrics(url, runs, pair, client, bodies, metrics, orchestrated=False))
         if orchestrated:
             with _orchestrator(url):
                 budget = ExecutionBudget(max_tokens=10**12)
@@ -209,9 +209,7 @@ async def _measure(
                 )
                 metrics.update(rounds.metrics("llm.orchestrated."))
                 if journal:  # the floor again, its budget consumed on the server as an orchestrated run's is
-                    floor = await _floor_metrics(
-                        url, runs, pair, client, bodies, "llm.orchestrated.", metrics
-                    )
+                    floor = await _floor_metrics(url, runs, pair, client, bodies, metrics, orchestrated=True)
                     metrics.update(floor)
     return metrics
 
@@ -222,12 +220,14 @@ async def _floor_metrics(
     pair: Any,
     client: Any,
     bodies: list[dict[str, Any]],
-    prefix: str,
     plexus: dict[str, float],
+    *,
+    orchestrated: bool,
 ) -> dict[str, float]:
-    """`bench.llm_floor.Floor` in the same kind of rounds (its budget on the server's counters for the
-    orchestrated prefix), as ``<prefix>floor.*``, and Plexus's figure inside the handler (from ``plexus``)
+    """`bench.llm_floor.Floor` in the same kind of rounds (``orchestrated``: its budget on the server's
+    counters), as ``llm[.orchestrated].floor.*``, and Plexus's figure inside the handler (from ``plexus``)
     ÷ the floor's."""
+    prefix = "llm.orchestrated." if orchestrated else "llm."
     import nats
 
     from bench.llm_floor import Floor  # here: the peers' venvs import this module without msgspec
@@ -239,8 +239,8 @@ async def _floor_metrics(
             client.chat.completions.create,
             bodies,
             lambda a, b: a + b,
-            counters=prefix == "llm.orchestrated.",
-            name="o" if prefix == "llm.orchestrated." else "k",
+            counters=orchestrated,
+            name="o" if orchestrated else "k",
         )
         await floor.start()
         rounds = await measure_rounds(runs, pair, floor.run, lambda i: floor.loop_times[i])
