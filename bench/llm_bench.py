@@ -144,45 +144,67 @@ async def measure_rounds(
     return rounds
 
 
-async def _measure(
-    base_url: str, runs: int, journal: bool, nats_url: str | None, orchestrated: bool = True
-) -> dict[str, float]:
-    import openai
-
-    from plexus.core import AgentId, ExecutionBudget, TextBlock
-    from plexus.llm import LLMAgent, OpenAIChatModel, tool
-    from plexus.runtime import App
+def _add_tool() -> Any:
+    """The bench's one tool (its schema is part of every request body)."""
+    from plexus.llm import tool
 
     @tool
     def add(a: int, b: int) -> int:
         """Add."""
         return a + b
 
-    iteration_times: dict[tuple[str, str], float] = {}
-    timing = [iteration_timer(iteration_times)]
+    return add
 
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
-    # The baseline is the same SDK work the loop does: the two requests of a run, byte for byte (tools and
-    # the growing conversation included), recorded from one Plexus run and replayed bare. A bare call with
-    # a shorter body would count the SDK's own request/response handling of the longer one as our overhead.
-    bodies: list[dict[str, Any]] = []
+
+def register_recorder(app: Any, client: Any, bodies: list[dict[str, Any]], journal: bool = True) -> None:
+    """Register agent type ``record`` on ``app``: the bench's LLMAgent, whose SDK calls append their request
+    bodies to ``bodies``. The baseline is the same SDK work the loop does: the two requests of a run, byte for
+    byte (tools and the growing conversation included), recorded from one Plexus run (`record_run`) and
+    replayed bare. A bare call with a shorter body would count the SDK's own request/response handling of the
+    longer one as our overhead."""
+    from plexus.llm import LLMAgent, OpenAIChatModel
 
     async def recording_create(**body: Any) -> Any:
         bodies.append(body)
         return await client.chat.completions.create(**body)
 
     recorder = client_with(recording_create)
+    tools = [_add_tool()]
+    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(recorder, "m"), tools=tools, journal=journal))
 
+
+async def record_run(rt: Any, bodies: list[dict[str, Any]]) -> None:
+    """One run of the ``record`` type (`register_recorder`): ``bodies`` then holds its two requests."""
+    from plexus.core import AgentId, TextBlock
+
+    await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
+    if len(bodies) != 2:
+        raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
+
+
+async def _measure(
+    base_url: str, runs: int, journal: bool, nats_url: str | None, orchestrated: bool = True
+) -> dict[str, float]:
+    import openai
+
+    from plexus.core import AgentId, ExecutionBudget, TextBlock
+    from plexus.llm import LLMAgent, OpenAIChatModel
+    from plexus.runtime import App
+
+    add = _add_tool()
+    iteration_times: dict[tuple[str, str], float] = {}
+    timing = [iteration_timer(iteration_times)]
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    bodies: list[dict[str, Any]] = []
     app = App()
     app.register(
         "bench",
         lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], journal=journal, middleware=timing),
     )
-    app.register("record", lambda _id: LLMAgent(OpenAIChatModel(recorder, "m"), tools=[add], journal=journal))
+    register_recorder(app, client, bodies, journal)
     async with worker_and_client(app, nats_url) as (rt, url):
-        await rt.send_message([TextBlock(text="2+3?")], AgentId("record", "once"), timeout=30)
-        if len(bodies) != 2:
-            raise SystemExit(f"expected a run of 2 model calls, recorded {len(bodies)}")
+        await record_run(rt, bodies)
 
         pair = bare_pair(client.chat.completions.create, bodies)
 

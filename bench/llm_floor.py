@@ -21,14 +21,20 @@ inside the handler) can be read against what the machine allows. One run, per mo
 What it leaves out, on purpose, because it is the framework's part: typed items and their validation, the
 transcript's conversion to the provider's messages, middleware, interceptors, records for the agent's
 EventLog, the activation, the commit and the reply.
+
+``python -m bench.llm_floor [--runs N]`` measures what the floor itself is made of: the floor, and the floor
+with one part left out (``leave_out``: the journal, the progress events, the tool's thread), in the rounds of
+`bench.llm_bench`, one after the other in one process. Printed, with one ``RESULT <json>`` line; not part of
+``make bench``.
 """
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import msgspec
@@ -40,6 +46,8 @@ _DECODE = msgspec.json.Decoder().decode
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
 #: The floor's budget per counter (as large as the bench's: never reached).
 _BUDGET = 10**12
+#: Parts `Floor` can leave out (``python -m bench.llm_floor`` measures each one's share).
+PARTS = ("journal", "progress", "thread")
 
 
 class Floor:
@@ -54,7 +62,13 @@ class Floor:
         *,
         counters: bool = False,
         name: str = "k",
+        leave_out: Collection[str] = (),
     ) -> None:
+        if unknown := set(leave_out) - set(PARTS):
+            raise ValueError(f"unknown parts {sorted(unknown)}; the parts are {PARTS}")
+        self._journal = "journal" not in leave_out
+        self._progress = "progress" not in leave_out
+        self._thread = "thread" not in leave_out
         self._nc = nc
         self._counters = counters
         self._name = name  # keys are <name><i>: a new, empty journal subject for every run
@@ -114,6 +128,16 @@ class Floor:
             if "error" in answer or int(answer["val"]) > _BUDGET:
                 raise RuntimeError(f"over budget or not counted: {answer}")
 
+    async def _emit(self, subject: str, event: dict[str, Any], acks: list[asyncio.Future[bytes]]) -> None:
+        if self._progress:
+            acks.append(await self._publish_acked(subject, _ENCODE(event)))
+
+    async def _append(self, subject: str, step: dict[str, Any], seq: int) -> asyncio.Future[bytes] | None:
+        """Send one journal step fenced by ``seq``; the future of its ack (None without a journal)."""
+        if not self._journal:
+            return None
+        return await self._publish_acked(subject, _ENCODE(step), {_EXPECTED: str(seq)})
+
     async def run(self, i: int) -> None:
         """One run of 2 model turns + 1 tool to a new key ``i``; its loop time goes to ``loop_times[i]``."""
         key = f"{self._name}{i}"
@@ -124,7 +148,7 @@ class Floor:
         last: asyncio.Future[bytes] | None = None
         for step, body in enumerate(self._bodies):
             event = {"step": "thinking", "agent": key, "ts": time.time(), "metadata": {"step": step}}
-            progress_acks.append(await self._publish_acked(progress, _ENCODE(event)))
+            await self._emit(progress, event, progress_acks)
             text: list[str] = []
             calls: dict[int, dict[str, Any]] = {}
             usage = None
@@ -154,19 +178,86 @@ class Floor:
             turn = {"step": 2 * step, "text": "".join(text), "tool_calls": uses}
             if last is not None:
                 seq = await self._stored(last)
-            last = await self._publish_acked(journal, _ENCODE(turn), {_EXPECTED: str(seq)})
+            last = await self._append(journal, turn, seq)
             if not uses:
                 continue
-            seq = await self._stored(last)  # the tool acts only on a stored turn
+            if last is not None:
+                seq = await self._stored(last)  # the tool acts only on a stored turn
+                last = None
             event = {"step": "tool_call", "agent": key, "ts": time.time(), "content": uses}
-            progress_acks.append(await self._publish_acked(progress, _ENCODE(event)))
-            results = [await asyncio.to_thread(self._tool, **u["input"]) for u in uses]
+            await self._emit(progress, event, progress_acks)
+            if self._thread:
+                results = [await asyncio.to_thread(self._tool, **u["input"]) for u in uses]
+            else:
+                results = [self._tool(**u["input"]) for u in uses]
             event = {"step": "tool_result", "agent": key, "ts": time.time(), "content": results}
-            progress_acks.append(await self._publish_acked(progress, _ENCODE(event)))
+            await self._emit(progress, event, progress_acks)
             answer = {"step": 2 * step + 1, "results": results}
-            last = await self._publish_acked(journal, _ENCODE(answer), {_EXPECTED: str(seq)})
+            last = await self._append(journal, answer, seq)
         self.loop_times[i] = time.perf_counter() - t0
         if last is not None:
             await self._stored(last)
         for ack in progress_acks:
             await self._stored(ack)
+
+
+async def _parts(base_url: str, runs: int) -> dict[str, float]:
+    """The floor per model turn inside the handler, whole and each part's share (the floor without it,
+    subtracted from the whole)."""
+    import nats
+    import openai
+
+    from bench.llm_bench import bare_pair, measure_rounds, record_run, register_recorder, worker_and_client
+    from plexus.runtime import App
+
+    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
+    bodies: list[dict[str, Any]] = []
+    app = App()
+    register_recorder(app, client, bodies)
+    figures: dict[str, float] = {}
+    async with worker_and_client(app) as (rt, url):
+        await record_run(rt, bodies)
+        nc = await nats.connect(url)
+        try:
+            pair = bare_pair(client.chat.completions.create, bodies)
+            for variant in ("none", *PARTS):
+                floor = Floor(
+                    nc,
+                    client.chat.completions.create,
+                    bodies,
+                    lambda a, b: a + b,
+                    name=f"{variant}-",
+                    leave_out=() if variant == "none" else (variant,),
+                )
+                await floor.start()
+                rounds = await measure_rounds(runs, pair, floor.run, floor.loop_times.__getitem__)
+                figures[variant] = rounds.metrics("")["loop_overhead_per_turn.p50_ms"]
+        finally:
+            await nc.close()
+    result = {"llm.floor.loop_overhead_per_turn.p50_ms": figures["none"]}
+    for part in PARTS:
+        result[f"llm.floor.{part}_per_turn.p50_ms"] = figures["none"] - figures[part]
+    return result
+
+
+def main() -> None:
+    from bench.llm_bench import fake_provider
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
+    parser.add_argument("--runs", type=int, default=150, help="measured rounds per variant")
+    args = parser.parse_args()
+    with fake_provider() as base_url:
+        metrics = asyncio.run(_parts(base_url, args.runs))
+    whole = metrics["llm.floor.loop_overhead_per_turn.p50_ms"]
+    print(f"the floor, per model turn inside the handler: {whole:.3f} ms")
+    for part in PARTS:
+        print(f"  of which {part}: {metrics[f'llm.floor.{part}_per_turn.p50_ms']:.3f} ms")
+    result = {
+        "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
+        "info": {"runs": args.runs},
+    }
+    print("RESULT " + json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()
