@@ -94,6 +94,15 @@ class Results:
         print(RESULT + json.dumps({"metrics": self.metrics, "info": self.info}), flush=True)
 
 
+def emit_once(metrics: dict[str, float], info: dict[str, Any]) -> None:
+    """The RESULT line of a client that measured each metric once: ``×`` for a name ending in ``ratio``,
+    milliseconds otherwise."""
+    results = Results(info=dict(info))
+    for name, value in metrics.items():
+        results.add(name, "×" if name.endswith("ratio") else "ms", value)
+    results.emit()
+
+
 def percentile(values: list[float], q: float) -> float:
     """The q-th percentile (0..100) by nearest rank; enough for latency summaries."""
     if not values:

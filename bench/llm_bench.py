@@ -37,7 +37,6 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
-import json
 import statistics
 import subprocess
 import sys
@@ -46,6 +45,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
+
+from bench.common import emit_once
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -382,13 +383,9 @@ def main() -> None:
         )
     for name, value in metrics.items():
         print(f"{name:<32} {value:8.2f}")
-    result = {
-        "metrics": {
-            k: {"unit": "×" if k.endswith("ratio") else "ms", "values": [v]} for k, v in metrics.items()
-        },
-        "info": {"runs": args.runs, "journal": not args.no_journal, "orchestrated": not args.no_orchestrator},
-    }
-    print("RESULT " + json.dumps(result))
+    emit_once(
+        metrics, {"runs": args.runs, "journal": not args.no_journal, "orchestrated": not args.no_orchestrator}
+    )
 
 
 if __name__ == "__main__":

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 
+from bench.common import emit_once
 from bench.llm_bench import fake_provider, iteration_timer, worker_and_client
 from bench.llm_replay import Replay
 
@@ -105,11 +105,7 @@ def main() -> None:
     )
     for variant, what in VARIANTS.items():
         print(f"per model turn, {what}: {metrics[f'llm.cost_per_turn.{variant}.p50_ms']:.3f} ms")
-    result = {
-        "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
-        "info": {"runs": args.runs},
-    }
-    print("RESULT " + json.dumps(result))
+    emit_once(metrics, {"runs": args.runs})
 
 
 if __name__ == "__main__":

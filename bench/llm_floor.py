@@ -39,6 +39,8 @@ from typing import Any
 
 import msgspec
 
+from bench.common import emit_once
+
 __all__ = ["Floor"]
 
 _ENCODE = msgspec.json.Encoder().encode
@@ -252,11 +254,7 @@ def main() -> None:
     print(f"the floor, per model turn inside the handler: {whole:.3f} ms")
     for part in PARTS:
         print(f"  of which {part}: {metrics[f'llm.floor.{part}_per_turn.p50_ms']:.3f} ms")
-    result = {
-        "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
-        "info": {"runs": args.runs},
-    }
-    print("RESULT " + json.dumps(result))
+    emit_once(metrics, {"runs": args.runs})
 
 
 if __name__ == "__main__":

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 
+from bench.common import emit_once
 from bench.llm_bench import fake_provider, iteration_timer, worker_and_client
 from bench.llm_replay import Replay
 
@@ -86,11 +86,7 @@ def main() -> None:
         print(
             f"{4 * n:4d} items of history: the loop {per_turn:.3f} ms per turn, the message {message:.2f} ms"
         )
-    result = {
-        "metrics": {k: {"unit": "ms", "values": [v]} for k, v in metrics.items()},
-        "info": {"rounds": args.rounds, "sizes": sizes},
-    }
-    print("RESULT " + json.dumps(result))
+    emit_once(metrics, {"rounds": args.rounds, "sizes": sizes})
 
 
 if __name__ == "__main__":

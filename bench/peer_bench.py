@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import warnings
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from bench.common import emit_once
 from bench.llm_bench import bare_pair, fake_provider, measure_rounds
 
 
@@ -161,13 +161,7 @@ def main() -> None:
         metrics = asyncio.run(_measure(base_url, args.runs, args.peer))
     for name, value in metrics.items():
         print(f"{name:<44} {value:8.2f}")
-    result = {
-        "metrics": {
-            k: {"unit": "×" if k.endswith("ratio") else "ms", "values": [v]} for k, v in metrics.items()
-        },
-        "info": {"runs": args.runs, "peer": args.peer},
-    }
-    print("RESULT " + json.dumps(result))
+    emit_once(metrics, {"runs": args.runs, "peer": args.peer})
 
 
 if __name__ == "__main__":
