@@ -9,9 +9,9 @@ from typing import Any
 from plexus.runtime import Runtime
 
 from ._events import tree_events
-from ._runs import budget_view
+from ._runs import RunsView, budget_view
 
-__all__ = ["render_tree", "watch_tree"]
+__all__ = ["final_answer", "render_tree", "watch_tree"]
 
 
 def _bar(used: float, limit: float | None, width: int = 20) -> str:
@@ -42,11 +42,29 @@ def render_tree(runs: list[dict[str, Any]], usage: dict[str, int], root: dict[st
     return "\n".join(lines)
 
 
+def final_answer(run: dict[str, Any]) -> str:
+    """The run's last word for a terminal: its output's text (other blocks by type), or its error."""
+    error = run.get("error")
+    if error:
+        return f"error: {error.get('error_type', 'KernelError')}: {error.get('message', '')}"
+    parts: list[str] = []
+    for block in run.get("output") or []:
+        if block.get("type") == "text":
+            parts.append(str(block.get("text", "")))
+        else:
+            parts.append(f"[{block.get('type', 'block')}] {json.dumps(block, default=str)}")
+    return "answer: " + "\n".join(parts) if parts else f"({run.get('status', 'pending')}, no output)"
+
+
 async def watch_tree(rt: Runtime, root: dict[str, Any], *, as_json: bool) -> int:
-    """Print every event (``--json``: one JSON object per line) until the root ends; exit 0 when it
-    completed, 1 otherwise."""
+    """Print every event (``--json``: one JSON object per line) until the root ends, then the root's final
+    answer or error; exit 0 when it completed, 1 otherwise.
+
+    On a terminal the tree is redrawn in place; into a pipe or file (no TTY) every status change is one
+    plain line, with no escape codes, and the whole tree once at the end."""
     runs: dict[str, dict[str, Any]] = {}
     usage: dict[str, int] = {}
+    redraw = not as_json and sys.stdout.isatty()
     async for event in tree_events(rt, root, None):
         if event.get("data") == "[DONE]":
             break
@@ -56,11 +74,20 @@ async def watch_tree(rt: Runtime, root: dict[str, Any], *, as_json: bool) -> int
         if event["event"] == "snapshot":
             runs = {r["run_id"]: r for r in data["runs"]}
         elif "run" in data:
-            runs[data["run"]["run_id"]] = data["run"]
+            run = data["run"]
+            if not as_json and not redraw and runs.get(run["run_id"], {}).get("status") != run.get("status"):
+                print(f"{run['agent_id']}  {run.get('status', 'pending')}", flush=True)
+            runs[run["run_id"]] = run
             root = runs.get(str(root["run_id"]), root)
         usage = data.get("usage", usage)
-        if not as_json:
+        if redraw:
             sys.stdout.write("\x1b[2J\x1b[H" + render_tree(list(runs.values()), usage, root) + "\n")
             sys.stdout.flush()
     final = runs.get(str(root["run_id"]), root)
+    if not as_json:
+        # The record as stored now: the last status event may have been read before its output was.
+        final = await RunsView(rt).record(str(root["run_id"])) or final
+        if not redraw:
+            print(render_tree(list(runs.values()), usage, root))
+        print(final_answer(final), flush=True)
     return 0 if final.get("status") == "completed" else 1

@@ -221,6 +221,11 @@ def _guarded(command: str, work: Any) -> int:
     """Run `work`; a typed kernel error or invalid input is a one-line error (status 1), not a traceback."""
     try:
         return int(asyncio.run(work))
+    except BrokenPipeError:
+        # The reader went away (`plexus runs watch --json | head -1`): that ends the command, quietly. Point
+        # stdout at /dev/null so the interpreter's final flush does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except (KernelError, ValidationError, ValueError) as exc:
         name = getattr(exc, "error_type", type(exc).__name__)
         print(f"plexus {command}: error: {name}: {exc}", file=sys.stderr)
