@@ -8,6 +8,8 @@ class with the same fields (`to_wire` / `KernelError.from_wire`), or carried ins
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
@@ -24,6 +26,7 @@ __all__ = [
     "KernelError",
     "MiddlewareTermination",
     "NormalizeError",
+    "PermissionDeniedError",
     "ProtocolError",
     "RemoteKernelError",
     "ReplyTimeoutError",
@@ -149,15 +152,55 @@ def _jsonable(values: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-class AgentNotFoundError(KernelError):
-    """A message was routed to an AgentId whose type no live worker hosts."""
+#: How many registered types an `AgentNotFoundError` names (a cluster may register hundreds).
+_KNOWN_TYPES_SHOWN = 20
+_START_A_WORKER = "start a worker that hosts it (`plexus worker <module>:<app>`)"
 
-    fields = ("agent_id",)
+
+class AgentNotFoundError(KernelError):
+    """A message was routed to an AgentId whose type no live worker hosts.
+
+    `registered` says which mistake it is: False, the registry has never seen the type (raised at once,
+    with `known_types` of the namespace and the closest of them as `suggestion`); True, the type is
+    registered but no live worker hosted it within the grace period; None, not known (an older peer).
+    """
+
+    fields = ("agent_id", "registered", "known_types", "suggestion")
     recoverable = True
 
-    def __init__(self, agent_id: Any) -> None:
+    def __init__(
+        self,
+        agent_id: Any,
+        registered: bool | None = None,
+        known_types: Sequence[str] = (),
+        suggestion: str | None = None,
+    ) -> None:
         self.agent_id = str(agent_id)
-        super().__init__(f"No worker hosts agent {self.agent_id}")
+        self.registered = registered
+        self.known_types = sorted(known_types)[:_KNOWN_TYPES_SHOWN]
+        self.suggestion = suggestion
+        super().__init__(self._describe())
+
+    @classmethod
+    def unregistered(cls, agent_id: Any, agent_type: str, known_types: Sequence[str]) -> AgentNotFoundError:
+        """The error for a type the registry has never seen, suggesting the closest of `known_types`."""
+        close = difflib.get_close_matches(agent_type, list(known_types), n=1)
+        return cls(agent_id, registered=False, known_types=known_types, suggestion=close[0] if close else None)
+
+    def _describe(self) -> str:
+        if self.registered is None:
+            return f"No worker hosts agent {self.agent_id}"
+        if self.registered:
+            return (
+                f"No worker hosts agent {self.agent_id}: its type is registered, but no live worker hosted it"
+                f" in time (one may be starting or restarting); {_START_A_WORKER}"
+            )
+        hint = f"did you mean {self.suggestion}? " if self.suggestion else ""
+        known = ", ".join(self.known_types) if self.known_types else "none"
+        return (
+            f"No agent type is registered for agent {self.agent_id}; {hint}registered types: {known}; "
+            f"{_START_A_WORKER}"
+        )
 
 
 class HandlerError(KernelError):
@@ -272,6 +315,19 @@ class NormalizeError(KernelError):
     """Content cannot be projected into the Plexus model (e.g. an unsupported media type)."""
 
     fields = ("message",)
+
+
+class PermissionDeniedError(KernelError):
+    """The NATS server refused this identity an operation on a subject (its role lacks the permission): a
+    configuration error, never an outage to wait out."""
+
+    fields = ("subject", "operation", "user")
+
+    def __init__(self, subject: str, operation: str, user: str) -> None:
+        self.subject = subject
+        self.operation = operation
+        self.user = user
+        super().__init__(f"user {user!r} may not {operation} {subject!r} (its role lacks this permission)")
 
 
 class RemoteKernelError(KernelError):
