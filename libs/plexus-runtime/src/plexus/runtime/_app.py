@@ -6,6 +6,7 @@ Capabilities are published to the cluster registry so anyone can query them with
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -42,7 +43,9 @@ class App:
         metadata: Mapping[str, str] | None = None,
         options: Mapping[str, Any] | None = None,
     ) -> AgentType:
-        """Register an agent type; the factory is not called until a message arrives for a key.
+        """Register an agent type; the factory is not called until a message arrives for a key, but what
+        can be checked without calling it is checked here (TypeError): it must be callable with the key's
+        `AgentId` (an Agent class whose constructor takes none, or an Agent instance, is refused).
 
         `options` are read by the app's interceptors: each key must be declared by an installed interceptor
         (install interceptors first), so a misspelt option fails here instead of being silently ignored.
@@ -61,6 +64,7 @@ class App:
             raise ValueError(f"partitions must be between 1 and 1024, got {partitions}")
         if time_limit_s is not None and time_limit_s <= 0:
             raise ValueError(f"time_limit_s must be positive, got {time_limit_s}")
+        _check_factory(name, factory)
         agent_type = AgentType(
             name=name,
             factory=factory,
@@ -99,3 +103,35 @@ class App:
 
     def get(self, name: str) -> AgentType | None:
         return self._types.get(name)
+
+
+def _check_factory(name: str, factory: object) -> None:
+    """Refuse at registration a factory the worker could not call with the key's `AgentId` on activation."""
+    where = f"agent type {name!r}"
+    if isinstance(factory, Agent):
+        raise TypeError(
+            f"{where}: got an agent instance ({type(factory).__name__}); register a factory that makes one "
+            f"per key, e.g. `lambda _id: {type(factory).__name__}(...)`"
+        )
+    if isinstance(factory, type) and not issubclass(factory, Agent):
+        raise TypeError(f"{where}: factory {factory.__qualname__} is a class that is not an Agent subclass")
+    if not callable(factory):
+        raise TypeError(
+            f"{where}: the factory must be callable with the AgentId, got {type(factory).__name__}"
+        )
+    try:
+        signature = inspect.signature(factory)
+    except (TypeError, ValueError):  # builtins and some C callables have none: nothing to check
+        return
+    try:
+        signature.bind(AgentId(name, "k"))
+    except TypeError as exc:
+        label = getattr(factory, "__qualname__", type(factory).__name__)
+        if isinstance(factory, type):
+            hint = f"register `lambda _id: {label}()` or decorate the class with @app.agent({name!r})"
+        else:
+            hint = "it is called with one argument, the key's AgentId (e.g. `lambda agent_id: MyAgent()`)"
+        params = signature.replace(return_annotation=inspect.Signature.empty)
+        raise TypeError(
+            f"{where}: factory {label}{params} cannot be called with the AgentId ({exc}); {hint}"
+        ) from None
