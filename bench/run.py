@@ -215,7 +215,7 @@ def machine_info(nats_server_version: str) -> dict[str, Any]:
     commit = _quiet(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).stdout.strip()
     dirty = bool(_quiet(["git", "-C", str(REPO), "status", "--porcelain"]).stdout.strip())
     versions = {}
-    for dist in ("nats-py", "msgspec", "pydantic", "plexus-runtime", "plexus-core"):
+    for dist in ("nats-py", "msgspec", "pydantic", "plexus-kernel-runtime", "plexus-kernel-core"):
         with contextlib.suppress(metadata.PackageNotFoundError):
             versions[dist] = metadata.version(dist)
     return {

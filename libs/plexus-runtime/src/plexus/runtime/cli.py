@@ -26,6 +26,7 @@ from .ops._health import HealthServer
 from .ops._security import add_security_command
 from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
 from .ops._telemetry import configure_telemetry
+from .ops._version import installed_version
 from .worker._worker import Worker, WorkerConfig
 
 __all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="plexus", description="Plexus: a distributed actor kernel for AI agents."
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument(
+        "--version", action="version", version=f"plexus {installed_version() or '(source tree, no metadata)'}"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     worker = sub.add_parser(

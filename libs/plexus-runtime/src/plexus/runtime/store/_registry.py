@@ -19,7 +19,6 @@ import os
 import socket
 import time
 from collections.abc import Callable, Iterable, Mapping
-from importlib import metadata
 from typing import TypeVar
 
 import msgspec
@@ -27,6 +26,7 @@ from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
 from plexus.core import AgentId
+from plexus.runtime.ops._version import installed_version
 from plexus.runtime.wire._subjects import escape_token
 
 from ._mirror import ChangeSignal, KVMirror, kv_snapshot
@@ -141,11 +141,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, kw_only=True):
 
     @classmethod
     def local(cls, worker_id: str, types: Iterable[str] = (), concurrency: int = 1) -> WorkerInfo:
-        """A WorkerInfo for this process (host name, pid, start time, installed plexus-runtime version)."""
-        try:
-            version = metadata.version("plexus-runtime")
-        except metadata.PackageNotFoundError:  # running from a source tree without metadata
-            version = ""
+        """A WorkerInfo for this process (host name, pid, start time, installed Plexus version)."""
+        version = installed_version()
         now = time.time()
         return cls(
             worker_id=worker_id,
