@@ -4,8 +4,11 @@ and every installed service (``plexus.dev`` entry points: the orchestrator, the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -24,6 +27,8 @@ __all__ = ["run_dev"]
 
 #: How long `plexus dev` waits for its services (orchestrator, gateway) to serve before it runs the script.
 SERVICES_READY_S = 60.0
+#: The dashboard's port when neither --gateway-port nor $PLEXUS_GATEWAY_PORT names one.
+DEFAULT_GATEWAY_PORT = 8470
 
 
 def _plexus_process(argv: list[str], *, relayed: bool = False) -> subprocess.Popen[bytes]:
@@ -62,6 +67,8 @@ def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Event:
             sys.stdout.flush()
             if line.startswith(f"plexus {name}") and " serving " in line:
                 ready.set()
+        # Its output ended: it has exited (or is exiting); reaped first, so whoever wakes up sees its status.
+        proc.wait()
         ready.set()
 
     threading.Thread(target=copy, name=f"plexus-dev-{name}", daemon=True).start()
@@ -76,6 +83,51 @@ def _wait_ready(services: dict[str, threading.Event], timeout_s: float) -> list[
     return [name for name, ready in services.items() if not ready.is_set()]
 
 
+def _port_taken(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def _choose_gateway_port(requested: int | None) -> None:
+    """Settle the gateway's port for the services started next (they read $PLEXUS_GATEWAY_PORT): the one
+    asked for, or a free one when it is taken: a busy 8470 never leaves `plexus dev` without a dashboard."""
+    if requested is None:
+        requested = int(os.environ.get("PLEXUS_GATEWAY_PORT", DEFAULT_GATEWAY_PORT))
+    if requested and _port_taken(requested):
+        print(
+            f"plexus dev: port {requested} is taken; the gateway takes a free port (its URL follows)",
+            flush=True,
+        )
+        requested = 0
+    os.environ["PLEXUS_GATEWAY_PORT"] = str(requested)
+
+
+def _exited(procs: dict[str, subprocess.Popen[bytes]]) -> tuple[str, int] | None:
+    """The first part that is no longer running, with its exit status."""
+    for name, proc in procs.items():
+        code = proc.poll()
+        if code is not None:
+            return name, code
+    return None
+
+
+async def _until_stop_or_exit(
+    stop: asyncio.Event, procs: dict[str, subprocess.Popen[bytes]]
+) -> tuple[str, int] | None:
+    while not stop.is_set():
+        gone = _exited(procs)
+        if gone is not None:
+            return gone
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stop.wait(), 0.5)
+    return None
+
+
 async def run_dev(
     app: App,
     app_spec: str,
@@ -84,59 +136,86 @@ async def run_dev(
     workers: int,
     concurrency: int,
     once: bool,
-) -> None:
+    gateway_port: int | None = None,
+    keep: bool = False,
+) -> int:
     """An embedded nats-server, ``workers`` worker processes serving ``app_spec`` and the installed
     services; ``script`` runs once they serve; then all serve until SIGINT/SIGTERM (``once``: until the
-    script ends)."""
+    script ends). Returns the exit status: 1 when a part fails to start or dies while serving."""
     store = Path(tempfile.mkdtemp(prefix="plexus-dev-"))
     server = NatsServer(store_dir=store)
-    await asyncio.to_thread(server.start)
-    print(f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True)
-    print(
-        "plexus dev: development mode - NATS open to every local process (no accounts, users or TLS); "
-        "a secured cluster: `plexus security init` (docs/security.md)",
-        flush=True,
-    )
-    worker = ["worker", app_spec, "--nats", server.url, "--concurrency", str(concurrency)]
-    procs = [_plexus_process(worker) for _ in range(workers)]
-    print(f"plexus dev: {len(procs)} worker(s), pids {', '.join(str(w.pid) for w in procs)}", flush=True)
-    announced: dict[str, threading.Event] = {}
-    for name, argv in _installed_services(server.url):
-        proc = _plexus_process(argv, relayed=True)
-        print(f"plexus dev: {name} pid {proc.pid}", flush=True)
-        procs.append(proc)
-        announced[name] = _relay(name, proc)
-    # The demo starts once the services serve, so the dashboard shows it live and its URL comes first.
-    late = await asyncio.to_thread(_wait_ready, announced, SERVICES_READY_S)
-    if late:
-        print(
-            f"plexus dev: {', '.join(late)} not serving after {SERVICES_READY_S:.0f} s; going on", flush=True
-        )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    failed: tuple[str, int] | None = None
     try:
-        if script is not None:
+        await asyncio.to_thread(server.start)
+        print(
+            f"plexus dev: nats-server pid {server.pid} at {server.url} (JetStream store {store})", flush=True
+        )
+        print(
+            "plexus dev: development mode - NATS open to every local process (no accounts, users or TLS); "
+            "a secured cluster: `plexus security init` (docs/security.md)",
+            flush=True,
+        )
+        _choose_gateway_port(gateway_port)
+        worker = ["worker", app_spec, "--nats", server.url, "--concurrency", str(concurrency)]
+        for i in range(workers):
+            procs[f"worker {i + 1}"] = _plexus_process(worker)
+        print(
+            f"plexus dev: {workers} worker(s), pids {', '.join(str(w.pid) for w in procs.values())}",
+            flush=True,
+        )
+        announced: dict[str, threading.Event] = {}
+        for name, argv in _installed_services(server.url):
+            proc = _plexus_process(argv, relayed=True)
+            print(f"plexus dev: {name} pid {proc.pid}", flush=True)
+            procs[name] = proc
+            announced[name] = _relay(name, proc)
+        # The demo starts once the services serve, so the dashboard shows it live and its URL comes first.
+        late = await asyncio.to_thread(_wait_ready, announced, SERVICES_READY_S)
+        failed = _exited(procs)
+        if failed is None and late:
+            print(
+                f"plexus dev: {', '.join(late)} not serving after {SERVICES_READY_S:.0f} s; going on",
+                flush=True,
+            )
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        if failed is None and script is not None:
             rt = await Runtime.connect(server.url, namespace=app.namespace)
             try:
                 await script(rt)
             finally:
                 await rt.close()
-        if script is None or not once:
+        if failed is None and (script is None or not once):
             print(
                 f"plexus dev: serving on {server.url}; `plexus runs ls --nats {server.url}` lists the runs;"
                 " Ctrl-C stops everything",
                 flush=True,
             )
-            await stop.wait()
+            failed = await _until_stop_or_exit(stop, procs)
     finally:
-        for proc in procs:
-            proc.send_signal(signal.SIGTERM)
-        for proc in procs:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in procs.values():
             try:
                 await asyncio.to_thread(proc.wait, 30)
             except subprocess.TimeoutExpired:
                 proc.kill()
-        await asyncio.to_thread(server.cleanup)
-        print("plexus dev: stopped", flush=True)
+        await asyncio.to_thread(server.stop)
+        if keep:
+            print(f"plexus dev: the JetStream store is kept in {store} (--keep)", flush=True)
+        else:
+            await asyncio.to_thread(shutil.rmtree, store, True)
+    if failed is not None:
+        name, code = failed
+        print(
+            f"plexus dev: error: the {name} exited with status {code} (its output is above); all stopped",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
+    print("plexus dev: stopped", flush=True)
+    return 0

@@ -169,7 +169,11 @@ def build_parser() -> argparse.ArgumentParser:
     probe.add_argument("url", help="e.g. http://localhost:8480/readyz")
     probe.add_argument("--timeout", type=float, default=3.0)
 
-    dev = sub.add_parser("dev", help="embedded nats-server + worker(s); optional script; Ctrl-C stops all")
+    dev = sub.add_parser(
+        "dev",
+        help="everything on this machine: an embedded nats-server, worker(s) and the installed services "
+        "(the orchestrator, the gateway with its dashboard); an optional script; Ctrl-C stops all",
+    )
     dev.add_argument("app", help="module:attribute of a plexus.runtime.App")
     dev.add_argument(
         "--run",
@@ -181,6 +185,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--workers", type=_positive, default=1)
     dev.add_argument("--concurrency", type=_positive, default=64)
+    dev.add_argument(
+        "--gateway-port",
+        type=int,
+        default=None,
+        help="the dashboard's port (default $PLEXUS_GATEWAY_PORT or 8470; if taken, a free one: URL printed)",
+    )
+    dev.add_argument(
+        "--keep", action="store_true", help="keep the JetStream store on exit (default: removed)"
+    )
 
     types = sub.add_parser("types", help="list agent types, capabilities and live workers")
     _nats_option(types)
@@ -336,12 +349,21 @@ def _probe(args: argparse.Namespace) -> int:
     return 1
 
 
-async def _dev(args: argparse.Namespace) -> None:
+async def _dev(args: argparse.Namespace) -> int:
     app = load_object(args.app)
     if not isinstance(app, App):
         raise CliError(f"{args.app} is a {type(app).__name__}, not a plexus.runtime.App")
     script: Callable[[Runtime], Awaitable[Any]] | None = load_object(args.run) if args.run else None
-    await run_dev(app, args.app, script, workers=args.workers, concurrency=args.concurrency, once=args.once)
+    return await run_dev(
+        app,
+        args.app,
+        script,
+        workers=args.workers,
+        concurrency=args.concurrency,
+        once=args.once,
+        gateway_port=args.gateway_port,
+        keep=args.keep,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -358,7 +380,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             _apply_settings(args, load_settings(WorkerSettings))
             asyncio.run(_serve(app, args))
         elif args.command == "dev":
-            asyncio.run(_dev(args))
+            return asyncio.run(_dev(args))
         elif args.command == "types":
             asyncio.run(_types(args))
         elif args.command == "topology":

@@ -163,7 +163,17 @@ async def _serve_gateway(urls: list[str], config: GatewayConfig, host: str, port
     configure_telemetry("plexus-gateway")
     rt = await Runtime.connect(urls, name="plexus-gateway")
     gateway = Gateway(rt, config, host=host, port=port)
-    await gateway.start()
+    try:
+        await gateway.start()
+    except OSError as exc:
+        await rt.close()
+        print(
+            f"plexus gateway: error: cannot listen on {host}:{port}: {exc.strerror or exc}"
+            " (--port or $PLEXUS_GATEWAY_PORT; 0 picks a free port)",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 1
     if config.dev:
         print(
             "plexus gateway: WARNING: --dev: authentication is OFF; anyone who can reach"
