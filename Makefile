@@ -9,7 +9,7 @@ UV := $(or $(shell command -v uv 2>/dev/null),$(TOOLS)/bin/uv)
 VENV := .venv
 STAMP := $(VENV)/.synced
 
-.PHONY: help setup run run-pipeline test lint typecheck imports fmt bench bench-quick fuzz chaos cluster-up cluster-down clean
+.PHONY: help setup run run-pipeline test dist lint typecheck imports fmt bench bench-quick fuzz chaos cluster-up cluster-down clean
 
 help:
 	@echo "make run        embedded nats-server, worker, orchestrator and gateway (dashboard); a team of LLM agents"
@@ -20,6 +20,7 @@ help:
 	@echo "make fuzz       20,000 fuzzed messages at a real worker + orchestrator (seed printed; FUZZ_SEED=N replays)"
 	@echo "make chaos      3 seeded runs of load + faults on a 3-node R3 cluster, then an invariant check (CHAOS_SEED=N)"
 	@echo "make cluster-up / cluster-down  a 3-host cluster in network namespaces (root), dashboard URL printed"
+	@echo "make dist       wheels and sdists of the five plexus-kernel-* distributions into dist/ (docs/packaging.md)"
 	@echo "make lint | typecheck | imports | fmt | bench | bench-quick | clean"
 
 $(TOOLS)/bin/uv:
@@ -48,7 +49,7 @@ lint: $(STAMP)
 	$(UV) run --no-sync ruff format --check .
 
 typecheck: $(STAMP)
-	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus libs/plexus-llm/src/plexus services/orchestrator/src/plexus services/gateway/src/plexus tests examples bench deploy
+	$(UV) run --no-sync mypy libs/plexus-core/src/plexus libs/plexus-runtime/src/plexus libs/plexus-llm/src/plexus services/orchestrator/src/plexus services/gateway/src/plexus tests examples bench deploy scripts
 
 imports: $(STAMP)
 	$(UV) run --no-sync lint-imports
@@ -58,6 +59,12 @@ imports: $(STAMP)
 PYTEST_WORKERS ?= 3
 test: lint typecheck imports
 	$(UV) run --no-sync pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+
+# The five distributions' wheels and sdists (each wheel built from its sdist), once their versions agree with VERSION.
+dist: $(STAMP)
+	$(UV) run --no-sync python scripts/versions.py check
+	rm -rf dist
+	$(UV) build --all-packages --out-dir dist
 
 fmt: $(STAMP)
 	$(UV) run --no-sync ruff format .
