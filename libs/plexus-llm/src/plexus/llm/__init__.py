@@ -61,7 +61,7 @@ from ._journal import JOURNAL_SEQ_KEY, LlmStep
 from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
-from ._scripted import ScriptedModel, ScriptedTurn
+from ._scripted import ScriptedModel, ScriptedTurn, ScriptExhaustedError
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
 
 __all__ = [
@@ -102,6 +102,7 @@ __all__ = [
     "RateLimit",
     "RateLimitError",
     "ReasoningDeltaEvent",
+    "ScriptExhaustedError",
     "ScriptedModel",
     "ScriptedTurn",
     "SummarizeOlder",

@@ -6,7 +6,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
-from plexus.core import Item, JsonValue
+from plexus.core import Item, ItemKind, JsonValue, TextBlock, ToolResultBlock
 
 from ._accumulate import ModelTurn, TurnAccumulator
 from ._events import ModelEvent
@@ -33,6 +33,33 @@ class ModelRequest:
     temperature: float | None = None
     #: Provider-specific request fields merged last (e.g. ``{"thinking": {...}}`` for Anthropic).
     extra: dict[str, JsonValue] = field(default_factory=dict)
+
+    def last_user_text(self) -> str:
+        """The text of the last user item ('' when there is none): what the current message asked."""
+        for item in reversed(self.items):
+            if item.kind is ItemKind.USER:
+                return item.text
+        return ""
+
+    def last_tool_results(self) -> list[ToolResultBlock]:
+        """The results answering the model's last turn, in call order ([] when that turn called no tool).
+
+        The loop puts every result of a turn in one ``tool`` item (``Item.text`` is ``''``: a result's
+        output is in its ``content`` blocks)."""
+        results: list[ToolResultBlock] = []
+        for item in reversed(self.items):
+            if item.kind is not ItemKind.TOOL:
+                break
+            results[:0] = [b for b in item.blocks if isinstance(b, ToolResultBlock)]
+        return results
+
+    def last_tool_texts(self) -> dict[str, str]:
+        """`last_tool_results` as text by call id: each result's text blocks joined with newlines (a tool
+        returning a str gives one text block; a dict gives a data block, not counted here)."""
+        return {
+            r.call_id: "\n".join(b.text for b in r.content if isinstance(b, TextBlock))
+            for r in self.last_tool_results()
+        }
 
 
 @runtime_checkable

@@ -122,10 +122,11 @@ def tool(
         fields: dict[str, Any] = {}
         context_param: str | None = None
         for param in inspect.signature(f).parameters.values():
-            annotation = hints.get(param.name, Any)
+            annotation = hints.get(param.name, inspect.Parameter.empty)
             if annotation is Context or param.name == "ctx":
                 context_param = param.name
                 continue
+            _check_parameter(f, param, annotation)
             default = ... if param.default is inspect.Parameter.empty else param.default
             fields[param.name] = (annotation, default)
         tool_name = name or f.__name__
@@ -151,6 +152,26 @@ def tool(
     return build(fn) if fn is not None else build
 
 
+def _check_parameter(f: Callable[..., Any], param: inspect.Parameter, annotation: Any) -> None:
+    """Refuse what would give the model a schema without types, or arguments it cannot name."""
+    where = f"@tool {getattr(f, '__qualname__', f)!s}"
+    if param.kind in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD):
+        stars = "*" if param.kind is inspect.Parameter.VAR_POSITIONAL else "**"
+        raise TypeError(
+            f"{where}: parameter {stars}{param.name} is not allowed (a model calls a tool with named "
+            "arguments from a JSON Schema); declare each argument as a parameter with a type hint"
+        )
+    if param.kind is inspect.Parameter.POSITIONAL_ONLY:
+        raise TypeError(
+            f"{where}: parameter {param.name!r} is positional-only; a model passes arguments by name"
+        )
+    if annotation is inspect.Parameter.empty:
+        raise TypeError(
+            f"{where}: parameter {param.name!r} has no type hint; the model is told each argument's type "
+            f"from it (e.g. `{param.name}: int`; `{param.name}: Any` accepts anything)"
+        )
+
+
 def _batch_model(tool_name: str, fields: dict[str, Any]) -> type[BaseModel]:
     annotation = fields.get("calls", (None,))[0]
     args = get_args(annotation)
@@ -171,6 +192,7 @@ class ToolRegistry:
             self.add(t)
 
     def add(self, t: Tool) -> None:
+        _require_tool(t)
         if t.name in self._tools:
             raise ValueError(f"tool {t.name!r} is already registered")
         self._tools[t.name] = t
@@ -184,6 +206,14 @@ class ToolRegistry:
 
     def __len__(self) -> int:
         return len(self._tools)
+
+
+def _require_tool(t: object) -> None:
+    """A plain function in ``tools=`` would fail at its first use: refuse it where the agent is made."""
+    if not isinstance(t, Tool):
+        what = getattr(t, "__qualname__", None) or type(t).__name__
+        hint = ": decorate it with @tool (from plexus.llm import tool)" if callable(t) else ""
+        raise TypeError(f"tools must be Tool objects made by @tool, got {what!r}{hint}")
 
 
 def tool_output_blocks(value: Any) -> list[BaseBlock]:
