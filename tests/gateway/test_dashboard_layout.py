@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 
 import pytest
-from playwright.async_api import Browser, Page, async_playwright, expect
+from playwright.async_api import Browser, FloatRect, Page, async_playwright, expect
 
 from .browser import CHROMIUM_ARGS, ensure_chromium
 from .conftest import TOKEN, Stack
@@ -31,7 +31,7 @@ async def page() -> AsyncIterator[Page]:
             await browser.close()
 
 
-async def _box(page: Page, selector: str) -> dict[str, float]:
+async def _box(page: Page, selector: str) -> FloatRect:
     # The runs list is rebuilt as the cluster changes: an element can be replaced between two reads.
     for _ in range(50):
         box = await page.locator(selector).first.bounding_box()
