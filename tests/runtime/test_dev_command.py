@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -35,6 +36,15 @@ def taken_port() -> Iterator[int]:
         yield int(sock.getsockname()[1])
 
 
+def _start(argv: list[str], log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        return subprocess.Popen(argv, cwd=REPO, env=_env(), stdout=sink, stderr=subprocess.STDOUT)
+
+
+def _read(log: Path) -> str:
+    return log.read_text()
+
+
 def _store_of(text: str) -> Path:
     found = re.search(r"\(JetStream store (\S+)\)", text)
     assert found is not None, text[-3000:]
@@ -43,10 +53,10 @@ def _store_of(text: str) -> Path:
 
 async def _serving(proc: subprocess.Popen[bytes], log: Path) -> str:
     async with asyncio.timeout(120):
-        while "plexus dev: serving on" not in log.read_text():
-            assert proc.poll() is None, log.read_text()[-3000:]
+        while "plexus dev: serving on" not in _read(log):
+            assert proc.poll() is None, _read(log)[-3000:]
             await asyncio.sleep(0.2)
-    return log.read_text()
+    return _read(log)
 
 
 async def _interrupt(proc: subprocess.Popen[bytes]) -> int:
@@ -63,14 +73,7 @@ async def test_a_taken_gateway_port_falls_back_to_a_free_one_and_the_store_is_re
     tmp_path: Path, taken_port: int
 ) -> None:
     log = tmp_path / "dev.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [*DEV, "--gateway-port", str(taken_port)],
-            cwd=REPO,
-            env=_env(),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    proc = _start([*DEV, "--gateway-port", str(taken_port)], log)
     try:
         text = await _serving(proc, log)
         assert f"plexus dev: port {taken_port} is taken; the gateway takes a free port" in text
@@ -83,7 +86,7 @@ async def test_a_taken_gateway_port_falls_back_to_a_free_one_and_the_store_is_re
         assert store.is_dir()
         assert await _interrupt(proc) == 0
         assert not store.exists()  # removed on exit (no --keep)
-        assert "plexus dev: stopped" in log.read_text()
+        assert "plexus dev: stopped" in _read(log)
     finally:
         if proc.poll() is None:
             await _interrupt(proc)
@@ -91,23 +94,17 @@ async def test_a_taken_gateway_port_falls_back_to_a_free_one_and_the_store_is_re
 
 async def test_keep_leaves_the_store(tmp_path: Path) -> None:
     log = tmp_path / "dev.log"
-    with log.open("wb") as sink:
-        proc = subprocess.Popen(
-            [*DEV, "--keep", "--gateway-port", "0"],
-            cwd=REPO,
-            env=_env(),
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
+    proc = _start([*DEV, "--keep", "--gateway-port", "0"], log)
     try:
         store = _store_of(await _serving(proc, log))
         assert await _interrupt(proc) == 0
         assert store.is_dir()
-        assert f"plexus dev: the JetStream store is kept in {store} (--keep)" in log.read_text()
+        assert f"plexus dev: the JetStream store is kept in {store} (--keep)" in _read(log)
     finally:
         if proc.poll() is None:
             await _interrupt(proc)
-        subprocess.run(["rm", "-rf", str(store)], check=False)
+        if "JetStream store" in _read(log):
+            shutil.rmtree(_store_of(_read(log)), ignore_errors=True)
 
 
 def test_a_part_that_cannot_start_fails_dev_with_one_line() -> None:
