@@ -2,8 +2,9 @@
 
 Every error knows its own fields, so a failure raised in one process is re-raised in another as the same
 class with the same fields (`to_wire` / `KernelError.from_wire`), or carried inside a payload as an
-`ErrorBlock` (`to_block` / `KernelError.from_block`). Unknown error types from newer peers become
-`RemoteKernelError`, which keeps the type name and fields instead of flattening them to a string.
+`ErrorBlock` (`to_block` / `KernelError.from_block`). The error types of the other Plexus packages are
+rebuilt even where their package was never imported (`_error_homes`). Unknown error types from newer peers
+become `RemoteKernelError`, which keeps the type name and fields instead of flattening them to a string.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
+
+from ._error_homes import import_home
 
 if TYPE_CHECKING:
     from ._content import ErrorBlock
@@ -114,6 +117,8 @@ class KernelError(Exception):
             problem = f"'fields' of {error_type} must be an object"
             return _unbuildable(error_type, message, {"_wire": dict(data)}, problem)
         cls = _REGISTRY.get(error_type)
+        if cls is None and import_home(error_type):  # a Plexus package's error its client never imported
+            cls = _REGISTRY.get(error_type)
         if cls is None or cls is RemoteKernelError:
             return RemoteKernelError(error_type, message, dict(fields))
         try:
@@ -185,7 +190,9 @@ class AgentNotFoundError(KernelError):
     def unregistered(cls, agent_id: Any, agent_type: str, known_types: Sequence[str]) -> AgentNotFoundError:
         """The error for a type the registry has never seen, suggesting the closest of `known_types`."""
         close = difflib.get_close_matches(agent_type, list(known_types), n=1)
-        return cls(agent_id, registered=False, known_types=known_types, suggestion=close[0] if close else None)
+        return cls(
+            agent_id, registered=False, known_types=known_types, suggestion=close[0] if close else None
+        )
 
     def _describe(self) -> str:
         if self.registered is None:
