@@ -32,7 +32,7 @@ from plexus.runtime.client._supervisor import new_root_run
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.wire._envelope import RunInfo
 from plexus.runtime.wire._subjects import consumer_name, inbox_partition, lease_key
-from plexus.runtime.worker._partitions import _Puller
+from plexus.runtime.worker._partitions import _Puller, partition_consumers
 
 from .apps_failover import app as ledger_app
 from .conftest import StartWorker, WorkerProcess
@@ -311,9 +311,11 @@ async def test_handler_longer_than_ack_wait_runs_once(
     assert after["state"]["runs"] == 1
     assert len(await _invocations(rt, run)) == 1
     partition = inbox_partition("long", rt.partitions)
-    info = await rt.js.consumer_info(
-        rt.topology.names.inbox_stream, consumer_name(rt.namespace, "slow", partition)
+    stream = rt.topology.names.inbox_stream
+    (name,) = await partition_consumers(
+        rt.js, stream, rt.subjects.inbox_partitioned_filter("slow", partition)
     )
+    info = await rt.js.consumer_info(stream, name)
     assert info.delivered is not None
     # Two messages, two deliveries: without keep-alives the long one is delivered again every ack_wait
     # (the redelivered copy is then answered from the checkpoint, so only this count shows it).

@@ -27,7 +27,8 @@ from plexus.core import AgentId, BaseBlock, KernelError, SpawnBudget, TextBlock
 from plexus.runtime import Agent, App, Context, NatsServer, PayloadTooLargeError, Runtime
 from plexus.runtime.client._cluster import ServiceUnavailableError
 from plexus.runtime.store._leases import LeaseManager
-from plexus.runtime.wire._subjects import consumer_name, inbox_partition, lease_key
+from plexus.runtime.wire._subjects import inbox_partition, lease_key
+from plexus.runtime.worker._partitions import partition_consumers
 
 from .conftest import REPO, StartWorker
 
@@ -186,10 +187,12 @@ async def test_failed_commit_keeps_fifo_and_ends_as_typed_error_after_bounded_at
     assert calls == ["big"] * attempts + ["second"], calls  # every attempt of 'big' ran before 'second'
 
     # Both messages end acked: nothing left to redeliver, so the handler never runs again.
-    durable = consumer_name(rt.namespace, "acc", inbox_partition("k", rt.partitions))
+    stream = rt.topology.names.inbox_stream
+    partition_filter = rt.subjects.inbox_partitioned_filter("acc", inbox_partition("k", rt.partitions))
+    (durable,) = await partition_consumers(rt.js, stream, partition_filter)
 
     async def drained() -> bool:
-        info = await rt.js.consumer_info(rt.topology.names.inbox_stream, durable)
+        info = await rt.js.consumer_info(stream, durable)
         return (info.num_ack_pending, info.num_pending) == (0, 0)
 
     await _eventually(drained, "the acc consumer to have nothing pending")

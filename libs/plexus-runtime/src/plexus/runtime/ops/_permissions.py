@@ -55,6 +55,7 @@ def _lookup(streams: list[str]) -> list[str]:
             f"$JS.API.CONSUMER.CREATE.{stream}.>",
             f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
             f"$JS.API.CONSUMER.INFO.{stream}.>",
+            f"$JS.API.CONSUMER.LIST.{stream}",  # a taking worker finds every earlier owner's consumer
             f"$JS.API.CONSUMER.DELETE.{stream}.>",
             f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
             f"$JS.ACK.{stream}.>",

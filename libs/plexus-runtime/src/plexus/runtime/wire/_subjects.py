@@ -417,8 +417,12 @@ def lease_key(namespace: str, agent_type: str, partition: int) -> str:
     return _kv_key(BUCKET_LEASES, f"{escape_token(namespace)}.{escape_token(agent_type)}.{partition}")
 
 
-def consumer_name(namespace: str, agent_type: str, partition: int, prefix: str = DEFAULT_PREFIX) -> str:
-    """Durable consumer name of one inbox partition: ``<prefix>__<ns>__<type>__<p>`` (escaped tokens).
+def consumer_name(
+    namespace: str, agent_type: str, partition: int, prefix: str = DEFAULT_PREFIX, *, epoch: int | None = None
+) -> str:
+    """Durable consumer name of one inbox partition: ``<prefix>__<ns>__<type>__<p>`` (escaped tokens), with
+    ``__<epoch>`` appended for one ownership of the partition (the workers name each take's consumer so, so
+    that a displaced owner's pull requests and acks can never reach its successor's consumer).
 
     ``__`` separates because no non-empty escaped token contains it or ends with ``_`` — a single ``_``
     would let ``("a", "2E.")`` and ``("a.", "2E")`` share a name. Names over 255 characters keep a readable
@@ -428,6 +432,10 @@ def consumer_name(namespace: str, agent_type: str, partition: int, prefix: str =
     _check_partition(partition)
     _check_prefix(prefix)
     name = f"{escape_token(prefix)}__{escape_token(namespace)}__{escape_token(agent_type)}__{partition}"
+    if epoch is not None:
+        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
+            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
+        name = f"{name}__{epoch}"
     if len(name) <= MAX_CONSUMER_NAME:
         return name
     digest = hashlib.sha256(name.encode("ascii")).hexdigest()

@@ -1,9 +1,12 @@
 """Partition ownership and pulling for durable agent types.
 
 A worker owns partitions of each durable agent type through KV leases (`_leases.py`). For each owned
-partition it deletes any previous consumer and creates a fresh durable pull consumer: the inbox stream is a
-work queue, so a fresh consumer starts at the oldest unacknowledged message — in-flight work of a dead or
-displaced owner is redelivered at once and in order, and a zombie's late acks hit a consumer that is gone.
+partition it deletes every previous consumer of the partition and creates a fresh durable pull consumer,
+named for this ownership (the lease's revision): the inbox stream is a work queue, so a fresh consumer starts
+at the oldest unacknowledged message — in-flight work of a dead or displaced owner is redelivered at once and
+in order. A displaced owner that has not noticed yet (it stalled past its lease) still pulls and acks under
+its own consumer's name, which is gone: it can never fetch a message from its successor's consumer (which,
+not started there, waited ``ack_wait`` while the key's next messages went ahead) nor ack one.
 """
 
 from __future__ import annotations
@@ -25,12 +28,30 @@ from plexus.runtime.ops._telemetry import INSTRUMENTS
 from plexus.runtime.store._leases import Lease, LeaseManager, plan_partitions
 from plexus.runtime.wire._subjects import Subjects, consumer_name, lease_key
 
-__all__ = ["PartitionOwner"]
+__all__ = ["PartitionOwner", "partition_consumers"]
 
 log = logging.getLogger("plexus.worker")
 
+#: The most consumers one ``CONSUMER.LIST`` answer holds (the server's page size).
+_LIST_PAGE = 256
+
 #: ``dispatch(partition, msg, done)``: the worker calls ``done()`` once the message is acked or dropped.
 Dispatch = Callable[[int, Msg, Callable[[], None]], Awaitable[None]]
+
+
+async def partition_consumers(js: JetStreamContext, stream: str, filter_subject: str) -> list[str]:
+    """Names of the consumers on `stream` that read `filter_subject` (one partition), whatever their names."""
+    names: list[str] = []
+    offset = 0
+    while True:
+        page = await js.consumers_info(stream, offset=offset)
+        for info in page:
+            config = info.config
+            if config.filter_subject == filter_subject or filter_subject in (config.filter_subjects or ()):
+                names.append(info.name)
+        offset += len(page)
+        if len(page) < _LIST_PAGE:
+            return names
 
 
 class _Puller:
@@ -227,8 +248,11 @@ class PartitionOwner:
     def _lease_key(self, p: int) -> str:
         return lease_key(self.subjects.namespace, self.agent_type, p)
 
-    def _durable(self, p: int) -> str:
-        return consumer_name(self.subjects.namespace, self.agent_type, p)
+    def _durable(self, p: int, lease: Lease) -> str:
+        # Named for this ownership: the lease's first revision is unique in the bucket.
+        return consumer_name(
+            self.subjects.namespace, self.agent_type, p, self.subjects.prefix, epoch=lease.revision
+        )
 
     async def _on_message(self, p: int, msg: Msg) -> None:
         self.inflight[p] = self.inflight.get(p, 0) + 1
@@ -368,16 +392,23 @@ class PartitionOwner:
                 await self._take(p, acquired)
 
     async def _take(self, p: int, lease: Lease) -> None:
-        durable = self._durable(p)
-        with contextlib.suppress(NotFoundError):
-            await self.js.delete_consumer(self.stream, durable)
+        durable = self._durable(p, lease)
+        filter_subject = self.subjects.inbox_partitioned_filter(self.agent_type, p)
+        # Every earlier owner's consumer (a work queue stream allows one per filter anyway): what they fetched
+        # and did not ack becomes deliverable again, first, to the consumer made below.
+        for previous in await partition_consumers(self.js, self.stream, filter_subject):
+            with contextlib.suppress(NotFoundError):
+                await self.js.delete_consumer(self.stream, previous)
         # Read after the deletion: whatever the previous consumer delivered is stored at or before this.
         self.taken_at_seq[p] = (await self.js.stream_info(self.stream)).state.last_seq
         await self.js.add_consumer(
             self.stream,
             js_api.ConsumerConfig(
+                # `name` too: nats-py then creates through CONSUMER.CREATE.<stream>.<name>.<filter>, the
+                # subject by which a worker group's permissions confine it to its own types' partitions.
+                name=durable,
                 durable_name=durable,
-                filter_subject=self.subjects.inbox_partitioned_filter(self.agent_type, p),
+                filter_subject=filter_subject,
                 ack_policy=js_api.AckPolicy.EXPLICIT,
                 deliver_policy=js_api.DeliverPolicy.ALL,
                 ack_wait=self.ack_wait_s,
