@@ -107,7 +107,10 @@ class Leaf(Agent):
                     await ctx.usage(tokens=tokens)
                 except BudgetExhaustedError:
                     await ctx.emit_progress("error", [TextBlock(text="budget")])
-                    raise
+                    if not cmd.get("stubborn"):
+                        raise
+                    # Stubborn: goes on spending (a model call already under way) until the tree's
+                    # cancellation reaches it; that usage is counted all the same.
             self.state["step"] = step + 1
             if cmd.get("checkpoint"):
                 await ctx.checkpoint()

@@ -42,6 +42,7 @@ from .wire._orchestration import (
     limited_dimensions,
     orch_subject,
     pause_subject,
+    run_counter_subject,
     run_key,
     tree_key,
 )
@@ -80,6 +81,7 @@ __all__ = [
     "limited_dimensions",
     "orch_subject",
     "pause_subject",
+    "run_counter_subject",
     "run_key",
     "tree_key",
 ]

@@ -23,9 +23,14 @@ from nats.js.errors import NotFoundError
 
 from plexus.core import BudgetExhaustedError, ExecutionBudget
 from plexus.runtime import StreamGets, escape_token, unescape_token
-from plexus.runtime.orchestration import COST_SCALE, UsageTotals, budget_counter_subject
+from plexus.runtime.orchestration import (
+    COST_SCALE,
+    UsageTotals,
+    budget_counter_subject,
+    run_counter_subject,
+)
 
-__all__ = ["DIMENSIONS", "BudgetWatcher", "budget_error", "read_usage"]
+__all__ = ["DIMENSIONS", "BudgetWatcher", "budget_error", "grown", "read_own_usage", "read_usage"]
 
 log = logging.getLogger("plexus.orchestrator")
 
@@ -81,6 +86,25 @@ async def read_usage(
     for (dimension, _), value in zip(reads, values, strict=True):
         totals[dimension] += value
     return UsageTotals(**totals)
+
+
+async def read_own_usage(
+    reader: JetStreamContext | StreamGets, stream: str, prefix: str, namespace: str, run_id: str
+) -> UsageTotals:
+    """What one run spent itself: its own counters (in its agent's namespace, where its worker reports)."""
+    ns_tok, run_tok = escape_token(namespace), escape_token(run_id)
+    values = await asyncio.gather(
+        *(read_counter(reader, stream, run_counter_subject(prefix, ns_tok, run_tok, d)) for d in DIMENSIONS)
+    )
+    return UsageTotals(**dict(zip(DIMENSIONS, values, strict=True)))
+
+
+def grown(recorded: UsageTotals, read: UsageTotals) -> UsageTotals:
+    """Each dimension's larger figure: counters only grow, and one that expired (read as 0) must not erase
+    what a record kept."""
+    return UsageTotals(
+        **{d: max(getattr(recorded, d), getattr(read, d)) for d in DIMENSIONS},
+    )
 
 
 class BudgetWatcher:

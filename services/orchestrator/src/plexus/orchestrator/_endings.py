@@ -13,7 +13,8 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -42,7 +43,7 @@ from plexus.runtime.orchestration import (
     limited_dimensions,
 )
 
-from ._budget import DIMENSIONS, budget_error, read_usage
+from ._budget import DIMENSIONS, budget_error, grown, read_own_usage, read_usage
 from ._events import Announcer, namespace_of
 from ._store import RunStore
 
@@ -80,7 +81,10 @@ class Ending:
     error: dict[str, Any] | None = None
     output: msgspec.Raw | None = None
     reason: str | None = None
+    #: The tree's totals (a root keeps them).
     usage: UsageTotals = field(default_factory=UsageTotals)
+    #: The run's own counters as read for this ending (None: not read, the record keeps what it has).
+    own: UsageTotals | None = None
 
 
 def deadline_ending() -> Ending:
@@ -133,6 +137,16 @@ class EngineCore:
             namespaces,
             root.run_id,
             dimensions,
+        )
+
+    async def own_usage(self, agent_id: str, run_id: str) -> UsageTotals:
+        """What run ``run_id`` (of ``agent_id``) spent itself, from its own counters."""
+        return await read_own_usage(
+            self.store.gets or self.js,
+            self.config.counters_stream,
+            self.config.prefix,
+            namespace_of(agent_id),
+            run_id,
         )
 
     async def _root_of(self, record: RunRecord) -> RunRecord:
@@ -223,7 +237,14 @@ class EngineCore:
         found = known or await self.store.get_run(root_id)
         if found is None or found[0].status in TERMINAL:
             return None
-        ending.usage = (reading or await self.read_tree(found[0])).usage
+        root = found[0]
+        if reading is None:
+            read, ending.own = await asyncio.gather(
+                self.read_tree(root), self.own_usage(root.agent_id, root_id)
+            )
+            ending.usage = read.usage
+        else:
+            ending.usage, ending.own = reading.usage, await self.own_usage(root.agent_id, root_id)
         changed = await self.store.update_run(root_id, lambda rec: apply_ending(rec, ending), known=found)
         if not changed.written:
             return None
@@ -255,13 +276,17 @@ class EngineCore:
             namespaces = {namespace_of(root.agent_id), *(namespace_of(s.agent_id) for s in active.values())}
             reason = inherited.reason or root.reason or str(root.status)
             await self.announce.cancel(namespaces, root.run_id, reason, inherited.error)
-        for run_id in others:
+        # Each run's own usage so far (its agent may still be spending until the broadcast reaches it:
+        # that part is caught up later, see `settle_usage`).
+        owns = await asyncio.gather(*(self.own_usage(active[run_id].agent_id, run_id) for run_id in others))
+        for run_id, own in zip(others, owns, strict=True):
+            theirs = replace(inherited, own=own)
             try:
-                changed = await self.store.update_run(run_id, lambda rec: apply_ending(rec, inherited))
+                changed = await self.store.update_run(run_id, partial(apply_ending, ending=theirs))
             except KernelError:
                 continue  # a slot whose run record never got written
             if changed.written:
-                await self._log_ending(changed.record, inherited)
+                await self._log_ending(changed.record, theirs)
         if decision is not None:
             await self._log_ending(
                 root,
@@ -303,8 +328,10 @@ def apply_ending(rec: RunRecord, ending: Ending) -> bool:
         rec.reason = str(ending.error.get("message") or ending.error.get("error_type"))
     else:
         rec.reason = None
-    if rec.parent_id is None:
-        rec.usage = ending.usage
+    if ending.own is not None:
+        rec.own_usage = grown(rec.own_usage, ending.own)
+    # A root keeps its tree's totals, a child its own (see `RunRecord.usage`).
+    rec.usage = grown(rec.usage, ending.usage) if rec.parent_id is None else rec.own_usage
     rec.retry_at = None
     rec.updated_at = time.time()
     return True

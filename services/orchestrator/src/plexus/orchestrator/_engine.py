@@ -60,6 +60,7 @@ from ._endings import (
     tree_error,
 )
 from ._events import RunDecision
+from ._settle import catch_up_run, settle_usage
 from ._spawn import admit
 from ._spawning import SpawnSupport
 
@@ -339,9 +340,13 @@ class Engine(SpawnSupport):
         record, revision = await self.store.require_run(run_id)
         if record.status in TERMINAL:
             # A repeated or late report: the first one decided. Its replica may have died before freeing
-            # the slot, though, and the reporter retries exactly then.
+            # the slot, though, and the reporter retries exactly then. A run the tree's end stopped may
+            # have spent more since: its agent has stopped now, so the records catch up.
             await self._settle_slot(record)
-            return record
+            caught_up = await catch_up_run(self, record)
+            if record.parent_id is not None:
+                await self.settle_usage(record.root_id)
+            return caught_up
         status = RunStatus(rep.status)
         if status == RunStatus.AWAITING_APPROVAL:
             return await self.awaiting(record, rep)
@@ -459,6 +464,8 @@ class Engine(SpawnSupport):
             ended = await self.end_tree(record.run_id, ending, known, reading)
             # Lost to another ending (a replica, the watcher): the stored record is theirs.
             return ended if ended is not None else (await self.store.require_run(record.run_id))[0]
+        # Its agent has stopped (it reported) or never runs again: its own counters are final.
+        ending.own = await self.own_usage(record.agent_id, record.run_id)
         changed = await self.store.update_run(
             record.run_id, lambda rec: apply_ending(rec, ending), known=known
         )
@@ -480,7 +487,17 @@ class Engine(SpawnSupport):
     async def get(self, req: GetRunRequest) -> RunRecord:
         run_id = v.parse_run_id("get", "run_id", req.run_id)
         record, _ = await self.store.require_run(run_id)
-        if record.parent_id is None and record.status not in TERMINAL:
-            tree = await self.store.get_tree(run_id)
-            record.usage = await self.usage(record, tree[0] if tree else None)  # live totals
+        if record.status not in TERMINAL:  # live figures: the record's are written when the run ends
+            own = self.own_usage(record.agent_id, run_id)
+            if record.parent_id is None:
+                tree = await self.store.get_tree(run_id)
+                record.usage, record.own_usage = await asyncio.gather(
+                    self.usage(record, tree[0] if tree else None), own
+                )
+            else:
+                record.own_usage = record.usage = await own
         return record
+
+    async def settle_usage(self, root_id: str, force: bool = False) -> RunRecord | None:
+        """Catch an ended tree's records up with its counters (see `_settle.py`)."""
+        return await settle_usage(self, root_id, force)

@@ -22,6 +22,7 @@ from plexus.runtime import (
     ensure_topology,
     liveness_options,
 )
+from plexus.runtime.orchestration import TERMINAL
 
 from ._budget import BudgetWatcher
 from ._engine import Engine, EngineConfig
@@ -137,7 +138,7 @@ class Orchestrator:
                 events_stream=names.events_stream,
             ),
         )
-        self.index = RunIndex(kv)
+        self.index = RunIndex(kv, settle_s=self.config.sweeper.settle_s)
         await self.index.start()
         self.watcher = BudgetWatcher(
             self.nc, self.config.prefix, self._budget_moved, self.config.budget_check_delay_s
@@ -164,11 +165,15 @@ class Orchestrator:
         assert self.engine is not None
         assert self.index is not None
         known = self.index.runs.get(root_id)
-        if known is not None and (known.parent_id is not None or not known.budget):
-            return  # a live tree without a budget: nothing to compare (unknown ones are read from the KV)
-        if known is None and root_id in self.index.ended:
-            return  # ended before its counters' last moves were checked (a short run): nothing to stop
-        await self.engine.check_budget(root_id, known)
+        if known is not None:
+            if known.parent_id is None and known.budget:  # a live tree without one has nothing to compare
+                await self.engine.check_budget(root_id, known)
+            return
+        # Not live as far as the index knows: an ended tree whose agents reported after its end (its records
+        # catch up: see _settle.py), or one too new to be indexed yet.
+        root = await self.engine.settle_usage(root_id)
+        if root is not None and root.status not in TERMINAL and root.budget:
+            await self.engine.check_budget(root_id, root)
 
     async def stop(self) -> None:
         """Stop taking requests, then stop the background duties; other replicas carry on."""

@@ -1,5 +1,6 @@
 """What every replica enforces without being asked: deadlines, crash-retry backoffs, budget crossings that
-arrived while no one watched, and operations a killed replica left half done.
+arrived while no one watched, operations a killed replica left half done, and ended trees' records caught
+up with usage reported after their end (once, ``settle_s`` after it: see _settle.py).
 
 `RunIndex` mirrors the live part of `plexus_runs` (runs that are not terminal, trees that still hold slots)
 from a KV watch, so it is rebuilt from JetStream on start and any replica can die. It is only an index:
@@ -44,12 +45,14 @@ class RunIndex:
     """Non-terminal runs and slot-holding trees, kept current from a KV watch of the runs bucket, and the ids
     of the roots seen ended most recently."""
 
-    def __init__(self, kv: KeyValue) -> None:
+    def __init__(self, kv: KeyValue, settle_s: float = 5.0) -> None:
         self.kv = kv
+        self.settle_s = settle_s
         self.runs: dict[str, RunRecord] = {}
         self.trees: dict[str, TreeRecord] = {}
         self.deadlines: list[tuple[float, str]] = []  # heap of (deadline, root id)
         self.retries: list[tuple[float, str]] = []  # heap of (retry_at, run id)
+        self.settles: list[tuple[float, str]] = []  # heap of (end + settle_s, root id)
         # What the heaps hold, so the many updates of one run do not push it again and again.
         self._scheduled: set[tuple[str, float, str]] = set()
         #: Roots last seen terminal (the newest `ENDED_MEMORY`): a terminal status is final, so a budget
@@ -106,6 +109,9 @@ class RunIndex:
                     self.ended[record.run_id] = None
                     if len(self.ended) > ENDED_MEMORY:
                         self.ended.popitem(last=False)
+                    settle_at = record.updated_at + self.settle_s
+                    if settle_at >= time.time() - self.settle_s:  # not the history a restart reads
+                        self._schedule(self.settles, "settle", settle_at, record.run_id)
                 return
             self.runs[record.run_id] = record
             if record.parent_id is None and record.deadline is not None:
@@ -143,6 +149,14 @@ class RunIndex:
                 due.append(root_id)
         return due
 
+    def due_settles(self, now: float) -> list[str]:
+        due: list[str] = []
+        while self.settles and self.settles[0][0] <= now:
+            at, root_id = heapq.heappop(self.settles)
+            self._scheduled.discard(("settle", at, root_id))
+            due.append(root_id)
+        return due
+
     def due_retries(self, now: float) -> list[str]:
         due: list[str] = []
         while self.retries and self.retries[0][0] <= now:
@@ -166,6 +180,7 @@ class SweeperConfig:
         spawn_grace_s: float = 30.0,
         close_grace_s: float = 2.0,
         no_host_grace_s: float = 30.0,
+        settle_s: float = 5.0,
     ) -> None:
         for name, value in locals().items():
             if name != "self" and value <= 0:
@@ -178,6 +193,8 @@ class SweeperConfig:
         self.close_grace_s = close_grace_s
         #: How long a root run may wait for any live worker to host its type before it fails.
         self.no_host_grace_s = no_host_grace_s
+        #: When, after a tree ended, its records are caught up with its counters once more (see _settle.py).
+        self.settle_s = settle_s
 
 
 class Sweeper:
@@ -221,6 +238,8 @@ class Sweeper:
                 await self._guard("deadline", root_id, self.engine.enforce_deadline(root_id))
             for run_id in self.index.due_retries(now):
                 await self._guard("retry", run_id, self.engine.retry_started(run_id))
+            for root_id in self.index.due_settles(now):
+                await self._guard("settle", root_id, self.engine.settle_usage(root_id))
             mono = time.monotonic()
             if mono - last_budget >= self.config.budget_recheck_s:
                 last_budget = mono

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import time
 from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -35,6 +36,7 @@ from plexus.runtime.wire._orchestration import (
     budget_counter_subject,
     limited_dimensions,
     orch_subject,
+    run_counter_subject,
     run_key,
 )
 from plexus.runtime.wire._subjects import escape_token
@@ -50,6 +52,7 @@ R = TypeVar("R")
 
 
 _tracer = trace.get_tracer("plexus.runtime")
+log = logging.getLogger("plexus.client")
 #: How long a budget increment's ack is awaited (an outage past it fails the consume, typed).
 _INCREMENT_TIMEOUT_S = 5.0
 
@@ -250,6 +253,11 @@ class ClusterSupervisor:
             self.rt.prefix, escape_token(self.rt.namespace), escape_token(run.root_id), dimension
         )
 
+    def _own_counter(self, run: RunInfo, dimension: str) -> str:
+        return run_counter_subject(
+            self.rt.prefix, escape_token(self.rt.namespace), escape_token(run.run_id), dimension
+        )
+
     async def consume(self, run: RunInfo, agent_id: AgentId, usage: Usage, turns: int) -> None:
         if not run.orchestrated:
             await self.local.consume(run, agent_id, usage, turns)
@@ -275,6 +283,12 @@ class ClusterSupervisor:
             for dimension, delta in moved:
                 increments.append(
                     await acks.publish(self._counter(run, dimension), b"", {"Nats-Incr": str(delta)})
+                )
+            # The run's own counters after the tree's (whose acks come first in `increments`): its record's
+            # usage, never a budget; awaited with them (one round trip): a consume that returns counted both.
+            for dimension, delta in moved:
+                increments.append(
+                    await acks.publish(self._own_counter(run, dimension), b"", {"Nats-Incr": str(delta)})
                 )
         except Exception:
             if known is None:
@@ -302,7 +316,13 @@ class ClusterSupervisor:
             if isinstance(answer, BaseException):
                 raise answer  # an increment that failed: the usage is not counted
             totals[dimension] = int(answer["val"])
-        for dimension, read in zip(unmoved, results[len(moved) :], strict=True):
+        for (dimension, _), answer in zip(moved, results[len(moved) : 2 * len(moved)], strict=True):
+            if isinstance(answer, BaseException):
+                # The budget counted it (above); failing the turn for the record's figure would be worse.
+                log.warning(
+                    "run %s: its own %s counter missed an increment: %r", run.run_id, dimension, answer
+                )
+        for dimension, read in zip(unmoved, results[2 * len(moved) :], strict=True):
             total = _counter_value(read)
             if total is not None:
                 totals[dimension] = total

@@ -9,7 +9,8 @@ State the orchestrator owns (all in JetStream, none in one process's memory):
 - `plexus_runs` KV: ``run.<run_id>`` → `RunRecord`, ``tree.<root_id>`` → `TreeRecord` (spawn slots), both
   written by compare-and-swap; ``input.<root_id>`` → the root's input payload (written once).
 - `PLEXUS_COUNTERS` stream (``allow_msg_counter``): ``<prefix>.<ns>.ctr.<root>.<dimension>`` budget totals
-  incremented atomically with ``Nats-Incr`` by every reporter, and ``<prefix>.<ns>.ctr.att.<message>``
+  incremented atomically with ``Nats-Incr`` by every reporter, ``<prefix>.<ns>.ctr.run.<run>.<dimension>``
+  the same usage per run (what each run spent itself, for its record), and ``<prefix>.<ns>.ctr.att.<message>``
   handler-start counters that reveal crashed attempts.
 """
 
@@ -57,6 +58,7 @@ __all__ = [
     "limited_dimensions",
     "orch_subject",
     "pause_subject",
+    "run_counter_subject",
     "run_key",
     "tree_key",
 ]
@@ -134,7 +136,11 @@ class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     created_at: float = 0.0
     updated_at: float = 0.0
     children: list[str] = []
+    #: A root: its whole tree's totals (the budget's counters); a child: what it spent itself. Written when
+    #: the run ends and caught up with usage reported after that until the tree settles (architecture.md).
     usage: UsageTotals = msgspec.field(default_factory=UsageTotals)
+    #: What this run's own agent spent (a child's equals its ``usage``; a root's excludes its children's).
+    own_usage: UsageTotals = msgspec.field(default_factory=UsageTotals)
     output: _OptionalRaw = None  # JSON array of content blocks (completed runs)
     error: dict[str, Any] | None = None  # KernelError.to_wire() (failed/cancelled runs)
     retry_at: float | None = None  # PENDING after a crash: when the worker starts the next attempt
@@ -334,6 +340,11 @@ def pause_subject(prefix: str, namespace_token: str, root_token: str) -> str:
 
 def budget_counter_subject(prefix: str, namespace_token: str, root_token: str, dimension: str) -> str:
     return f"{prefix}.{namespace_token}.ctr.{root_token}.{dimension}"
+
+
+def run_counter_subject(prefix: str, namespace_token: str, run_token: str, dimension: str) -> str:
+    """One run's own usage (three tokens after ``ctr``: never a tree's, whose root may be named "run")."""
+    return f"{prefix}.{namespace_token}.ctr.run.{run_token}.{dimension}"
 
 
 def attempt_counter_subject(prefix: str, namespace_token: str, message_token: str) -> str:
