@@ -17,7 +17,7 @@ from nats.js.api import DeliverPolicy
 
 from plexus.core import KernelError
 from plexus.orchestrator import VERBS, Orchestrator, OrchestratorConfig, SweeperConfig
-from plexus.runtime import NatsServer, Runtime
+from plexus.runtime import AgentTypeInfo, NatsServer, Runtime
 from plexus.runtime.wire._orchestration import (
     RunRecord,
     TreeRecord,
@@ -37,9 +37,22 @@ FAST = SweeperConfig(
 )
 
 
+#: The agent types these tests start runs of (no worker hosts them: a run waits, as for a late worker).
+TEST_TYPES = ("echo", "boss", "w", "other")
+
+
+async def register_test_types(runtime: Runtime) -> None:
+    """Register `TEST_TYPES` as a worker would: `start` refuses a type the registry has never seen."""
+    for name in TEST_TYPES:
+        await runtime.registry.register_type(
+            AgentTypeInfo(namespace="default", type=name, durable=True, partitions=runtime.partitions)
+        )
+
+
 @pytest.fixture
 async def rt(nats_server: NatsServer) -> AsyncIterator[Runtime]:
     runtime = await Runtime.connect(nats_server.url)
+    await register_test_types(runtime)
     try:
         yield runtime
     finally:

@@ -37,7 +37,7 @@ from plexus.runtime.wire._orchestration import (
 )
 from tests.runtime.conftest import REPO
 
-from .conftest import call, raw_call, until_serving
+from .conftest import call, raw_call, register_test_types, until_serving
 
 DEEP = b'{"run_id":' + b"[" * 5000 + b"]" * 5000 + b"}"
 BAD_UTF8 = b'{"run_id":"\xff\xfe","agent_id":"\xc3\x28"}'
@@ -157,6 +157,7 @@ async def test_an_orchestrator_whose_connection_is_closed_for_good_exits_nonzero
     try:
         rt = await Runtime.connect(server.url)
         try:
+            await register_test_types(rt)
             await until_serving(rt.nc)
             with contextlib.suppress(KernelError):  # the replica dies while dispatching
                 await rt.start_run(AgentId("echo", "k" * 2500), [TextBlock(text="x")])
@@ -194,6 +195,7 @@ async def test_a_request_lost_with_a_frozen_replica_is_retried_well_before_the_o
     try:
         rt = await Runtime.connect(server.url)
         try:
+            await register_test_types(rt)
             await until_serving(rt.nc)
             run_id = await rt.start_run(AgentId("echo", "k"), [TextBlock(text="x")])
             os.kill(frozen.pid, signal.SIGSTOP)  # its subscriptions stay: requests still go to it, unanswered
@@ -294,9 +296,14 @@ async def _hosted_and_ghost(rt: Runtime) -> None:
             types=["default/hosted"],
         )
     )
+    # Registered but hosted by no live worker (a type the registry never saw is refused at start).
+    await rt.registry.register_type(
+        AgentTypeInfo(namespace="default", type="ghost", durable=True, partitions=rt.partitions)
+    )
     hosted = await rt.start_run(AgentId("hosted", "k"), [TextBlock(text="x")])
     ghost = await rt.start_run(AgentId("ghost", "k"), [TextBlock(text="x")])
     record = await rt.wait_run(ghost, timeout=20)
     assert record.status == RunStatus.FAILED
-    assert record.error == AgentNotFoundError("ghost/k").to_wire()
+    assert record.error == AgentNotFoundError("ghost/k", registered=True).to_wire()
+    assert "its type is registered" in (record.reason or "")
     assert (await rt.get_run(hosted)).status == RunStatus.RUNNING

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Body, Depends, Path, Response
 from pydantic import JsonValue
 from sse_starlette import EventSourceResponse
 
-from plexus.core import AgentId, RunId, content_blocks_from_json
+from plexus.core import AgentId, AgentNotFoundError, RunId, content_blocks_from_json
 
 from ._api_runs import sse_response
 from ._models import CreateSession, SessionOut, SessionRunIn
@@ -44,13 +44,8 @@ async def create_session(gw: Gw, body: CreateSession) -> dict[str, Any]:
     store = gw.session_store()
     namespace = gw.rt.namespace
     if await gw.rt.registry.get_type(namespace, body.agent_type) is None:
-        raise Problem(
-            404,
-            "AgentNotFoundError",
-            f"no agent type {body.agent_type!r} is registered",
-            error_type="AgentNotFoundError",
-            fields={"agent_id": f"{namespace}/{body.agent_type}"},
-        )
+        known = [t.type for t in await gw.rt.agent_types(namespace)]
+        raise AgentNotFoundError.unregistered(f"{namespace}/{body.agent_type}", body.agent_type, known)
     if body.parent_id is not None:
         await _meta(store, body.parent_id)
     return await store.create(body.agent_type, body.parent_id, body.title)

@@ -43,6 +43,7 @@ _KERNEL_STATUS: dict[str, int] = {
     "BudgetExhaustedError": 409,
     "SpawnDenied": 409,
     "ReplyTimeoutError": 504,
+    "ServiceUnavailableError": 503,
 }
 
 

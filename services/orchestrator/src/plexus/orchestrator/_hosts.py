@@ -1,7 +1,9 @@
 """Runs whose agent type nobody can serve (issue 9 item 8).
 
-A `durable=False` type cannot be orchestrated (its inbox is a core-NATS queue group, not the durable inbox
-the orchestrator dispatches to): `start` refuses it when the registry knows the type. A durable type with
+A type the registry has never seen (not registered, hosted by no live worker) is refused by `start` at
+once with `AgentNotFoundError`, naming the registered types and the closest one: no grace period helps a
+misspelt name. A `durable=False` type cannot be orchestrated (its inbox is a core-NATS queue group, not the
+durable inbox the orchestrator dispatches to): `start` refuses it too. A durable type with
 no live worker is accepted — as a Temporal workflow on a task queue waits for a worker — but not forever:
 a root run whose type no live worker has hosted for `grace_s` fails with `AgentNotFoundError`.
 """
@@ -10,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from plexus.core import AgentId
+from plexus.core import AgentId, AgentNotFoundError
 from plexus.runtime import Registry
 from plexus.runtime.orchestration import InvalidRunRequest, RunRecord
 
@@ -27,8 +29,15 @@ class HostCheck:
         self._unhosted_since: dict[str, float] = {}
 
     async def refuse_stateless(self, agent: AgentId) -> None:
+        """Raise for a type `start` must refuse: stateless, or unknown to the registry."""
         info = await self.registry.get_type(agent.namespace, agent.type)
-        if info is not None and not info.durable:
+        if info is None:
+            # Read from the buckets, not a cache: a worker that registered a moment ago is seen.
+            if not await self.registry.live_workers(f"{agent.namespace}/{agent.type}"):
+                known = [t.type for t in await self.registry.list_types(agent.namespace)]
+                raise AgentNotFoundError.unregistered(str(agent), agent.type, known)
+            return
+        if not info.durable:
             raise InvalidRunRequest(
                 "start",
                 f"agent type {agent.namespace}/{agent.type} is stateless (durable=False): its messages use a"

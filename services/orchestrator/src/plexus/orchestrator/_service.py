@@ -24,6 +24,7 @@ from nats.micro.service import EndpointStats, Service
 from opentelemetry import propagate, trace
 
 from plexus.core import (
+    AgentNotFoundError,
     BudgetExhaustedError,
     CancellationError,
     HandlerError,
@@ -59,6 +60,7 @@ VERBS = ("start", "spawn", "finished", "crashed", "cancel", "get", "approve")
 _CODES: tuple[tuple[type[KernelError], str], ...] = (
     (InvalidRunRequest, "400"),
     (RunNotFoundError, "404"),
+    (AgentNotFoundError, "404"),
     (RunStateError, "409"),
     (CancellationError, "409"),
     (BudgetExhaustedError, "409"),
@@ -68,8 +70,8 @@ _ENCODER = msgspec.json.Encoder()
 
 
 def error_code(error: KernelError) -> str:
-    """The micro error code of a typed failure (HTTP-like: 400 bad input, 404 unknown run, 409 state,
-    429 spawn budget, 500 our fault)."""
+    """The micro error code of a typed failure (HTTP-like: 400 bad input, 404 unknown run or agent type,
+    409 state, 429 spawn budget, 500 our fault)."""
     for kind, code in _CODES:
         if isinstance(error, kind):
             return code

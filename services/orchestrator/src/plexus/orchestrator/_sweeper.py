@@ -298,7 +298,7 @@ class Sweeper:
         assert self.hosts is not None
         roots = [r for r in self.index.runs.values() if r.parent_id is None and r.status == RunStatus.RUNNING]
         for root in await self.hosts.unhosted(roots, now):
-            error = AgentNotFoundError(root.agent_id)
+            error = AgentNotFoundError(root.agent_id, registered=True)
             ending = Ending(RunStatus.FAILED, "no_host", error.to_wire(), reason=str(error))
             await self._guard("no host", root.run_id, self.engine.end_tree(root.run_id, ending))
 

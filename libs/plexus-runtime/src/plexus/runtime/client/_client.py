@@ -276,6 +276,8 @@ class Runtime(RunsClient):
         info = self._registry_cache.get_type(agent_id.namespace, agent_id.type)
         if info is not None and self._registry_cache.has_live_host(agent_id.namespace, agent_id.type):
             return info
+        if info is None:
+            await self._require_known(agent_id)
         # Wait on the shared, watch-fed cache: a private watch per waiting send made one consumer per call,
         # and under a burst of sends during an outage ran the stream out of consumers.
         remaining = max(deadline - time.monotonic() - _DIRECT_CHECK_S, 0.0)
@@ -290,7 +292,25 @@ class Runtime(RunsClient):
                 found = await self.registry.get_type(agent_id.namespace, agent_id.type)
                 if found is not None:
                     return found
-        raise AgentNotFoundError(agent_id)
+        raise AgentNotFoundError(agent_id, registered=True)
+
+    async def _require_known(self, agent_id: AgentId) -> None:
+        """AgentNotFoundError at once when the registry has never seen `agent_id`'s type (not registered,
+        hosted by no live worker): no grace period helps a misspelt name. The cache missed it, so the
+        buckets are read once more first (a worker may have registered it a moment ago, before the watch
+        delivered it); a read that fails leaves the send its grace period."""
+        ns, name = agent_id.namespace, agent_id.type
+        if self._registry_cache.live_workers(f"{ns}/{name}"):
+            return
+        try:
+            if await self.registry.get_type(ns, name) is not None or await self.registry.live_workers(
+                f"{ns}/{name}"
+            ):
+                return
+        except Exception:  # an outage, say: not proof that the type is unknown
+            return
+        known = [t.type for t in self._registry_cache.list_types(ns)]
+        raise AgentNotFoundError.unregistered(agent_id, name, known)
 
     # -- send / publish -------------------------------------------------------------------------------
     async def send_message(

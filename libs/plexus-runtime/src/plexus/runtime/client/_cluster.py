@@ -63,10 +63,28 @@ class OrchestratorClient:
     def __init__(self, rt: Connection, timeout_s: float = 5.0) -> None:
         self.rt = rt
         self.timeout_s = timeout_s
+        #: When a replica last answered this client (monotonic), None before the first answer.
+        self._answered_at: float | None = None
 
     #: The first attempt's wait; each unanswered attempt doubles it up to `timeout_s`. Requests take
     #: milliseconds, so a longer silence means the replica that got it died (or froze) with it.
     FIRST_ATTEMPT_S = 0.5
+    #: How long "no responders" (no replica subscribed at all) is retried when none answered this client in
+    #: the last `RECENT_ANSWER_S`: most likely no orchestrator runs, and saying so (and how to start one) at
+    #: once beats 15 s of silence. After a recent answer it is a replica restarting: retried to the deadline.
+    NO_RESPONDERS_S = 1.0
+    RECENT_ANSWER_S = 60.0
+
+    def _unavailable(self) -> ServiceUnavailableError:
+        url = self.rt.nc.connected_url
+        # Scheme, host and port only: the URL may carry credentials.
+        server = (
+            f" --nats {url.scheme}://{url.hostname}:{url.port}" if url is not None and url.hostname else ""
+        )
+        prefix = f" --prefix {self.rt.prefix}" if self.rt.prefix != "px" else ""
+        return ServiceUnavailableError(
+            "orchestrator", f"Start one with `plexus orchestrator{server}{prefix}`."
+        )
 
     async def call(self, verb: str, body: Any, reply_type: type[R], namespace: str | None = None) -> R:
         """One request, traced: the orchestrator's span and the decisions it makes join the caller's trace."""
@@ -78,11 +96,15 @@ class OrchestratorClient:
     ) -> R:
         """One request; retried while no replica answers (every request is idempotent: ids are chosen by
         the caller), so losing one orchestrator replica mid-request costs a short retry, not the request
-        (nor the full timeout: attempts wait 0.5 s, 1 s, 2 s, … up to `timeout_s`)."""
+        (nor the full timeout: attempts wait 0.5 s, 1 s, 2 s, … up to `timeout_s`). With no replica running
+        at all the request fails within ~`NO_RESPONDERS_S`, naming the command that starts one."""
         ns = escape_token(namespace or self.rt.namespace)
         subject = orch_subject(self.rt.prefix, ns, verb)
         data = body if isinstance(body, bytes) else msgspec.json.encode(body)
-        deadline = time.monotonic() + self.timeout_s * 3
+        started = time.monotonic()
+        deadline = started + self.timeout_s * 3
+        recent = self._answered_at is not None and started - self._answered_at <= self.RECENT_ANSWER_S
+        nobody_until = deadline if recent else min(deadline, started + self.NO_RESPONDERS_S)
         wait = min(self.FIRST_ATTEMPT_S, self.timeout_s)
         while True:
             remaining = deadline - time.monotonic()
@@ -91,15 +113,16 @@ class OrchestratorClient:
                     subject, data, timeout=max(min(wait, remaining), 0.05), headers=headers
                 )
             except NoRespondersError:
-                if time.monotonic() >= deadline:
-                    raise ServiceUnavailableError("orchestrator") from None
+                if time.monotonic() >= nobody_until:
+                    raise self._unavailable() from None
                 await asyncio.sleep(0.2)
                 continue
             except (NatsTimeoutError, TimeoutError):
                 if time.monotonic() >= deadline:
-                    raise ServiceUnavailableError("orchestrator") from None
+                    raise self._unavailable() from None
                 wait = min(wait * 2, self.timeout_s)
                 continue
+            self._answered_at = time.monotonic()
             headers = msg.headers or {}
             if "Nats-Service-Error-Code" not in headers:
                 return msgspec.json.decode(msg.data, type=reply_type)

@@ -84,7 +84,7 @@ class Delivery:
                     or time.monotonic() + delay >= deadline
                     or not registry.has_live_host(recipient.namespace, recipient.type)
                 ):
-                    raise AgentNotFoundError(recipient) from None
+                    raise AgentNotFoundError(recipient, registered=True) from None
             except TimeoutError:
                 raise ReplyTimeoutError(str(recipient), message_id, timeout_s) from None
             finally:

@@ -13,14 +13,15 @@ __all__ = ["ServiceUnavailableError", "is_nats_outage", "is_unavailable"]
 # Defined here, below the orchestrator client that raises it, so that the topology (which asks
 # `is_unavailable`) does not import the client: no import circle.
 class ServiceUnavailableError(KernelError):
-    """No instance of a Plexus service (e.g. the orchestrator) answered in time."""
+    """No instance of a Plexus service (e.g. the orchestrator) answered in time; `hint`: how to start one."""
 
-    fields = ("service",)
+    fields = ("service", "hint")
     recoverable = True
 
-    def __init__(self, service: str) -> None:
+    def __init__(self, service: str, hint: str = "") -> None:
         self.service = service
-        super().__init__(f"no {service} instance answered; is it running?")
+        self.hint = hint
+        super().__init__(f"no {service} instance answered; is it running?" + (f" {hint}" if hint else ""))
 
 
 #: Raised by nats-py only: a handler that raises one met an outage through its context's calls.
