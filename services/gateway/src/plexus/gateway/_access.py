@@ -22,7 +22,6 @@ from typing import Any
 
 import msgspec
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError
 from nats.js.kv import KeyValue
 
@@ -54,9 +53,8 @@ def _key(token: str) -> str:
 class TokenRegistry:
     """The tenant's tokens: `create`/`revoke`/`list` for the CLI, `watch` + `identify` for gateways."""
 
-    def __init__(self, js: JetStreamContext, replicas: int = 1) -> None:
+    def __init__(self, js: JetStreamContext) -> None:
         self.js = js
-        self.replicas = replicas
         self._kv: KeyValue | None = None
         self._known: dict[str, TokenRecord] = {}
         self._watch: asyncio.Task[None] | None = None
@@ -64,12 +62,14 @@ class TokenRegistry:
 
     async def open(self) -> KeyValue:
         if self._kv is None:
+            # The topology creates the bucket (`Runtime.connect`, `plexus topology`): a gateway's user may
+            # not create streams (docs/security.md).
             try:
                 self._kv = await self.js.key_value(TOKENS_BUCKET)
             except BucketNotFoundError:
-                self._kv = await self.js.create_key_value(
-                    KeyValueConfig(bucket=TOKENS_BUCKET, history=1, replicas=self.replicas)
-                )
+                raise ValueError(
+                    f"the {TOKENS_BUCKET} bucket does not exist: create the topology (`plexus topology`)"
+                ) from None
         return self._kv
 
     # -- administration (the CLI) -------------------------------------------------------------------

@@ -10,9 +10,7 @@ import json
 import sys
 from typing import Any
 
-import nats
-
-from plexus.runtime import NatsAuth
+from plexus.runtime import Runtime
 
 from ._access import TokenRegistry
 
@@ -36,9 +34,10 @@ def register_tokens(sub: Any, nats_arg: Any, guarded: Any, urls: Any) -> None:
 
 
 async def _tokens(args: argparse.Namespace, servers: list[str]) -> int:
-    nc = await nats.connect(servers=servers, name="plexus-tokens", **NatsAuth.from_env().connect_options())
+    # Through the runtime: in development mode it creates the topology (the tokens bucket with it).
+    rt = await Runtime.connect(servers, name="plexus-tokens")
     try:
-        registry = TokenRegistry(nc.jetstream())
+        registry = TokenRegistry(rt.js)
         if args.tokens_command == "create":
             token = await registry.create(args.name)
             print(token)
@@ -63,4 +62,4 @@ async def _tokens(args: argparse.Namespace, servers: list[str]) -> int:
             print(f"{r.name}\t{created}")
         return 0
     finally:
-        await nc.close()
+        await rt.close()

@@ -1,6 +1,6 @@
 """Sessions (seed 003's multi-session kernel): one conversation with one agent, its transcript and memory.
 
-Everything lives in the ``plexus_sessions`` KV bucket (created idempotently), so any gateway replica, or
+Everything lives in the ``plexus_sessions`` KV bucket (created with the topology), so any gateway replica, or
 this one after a restart, serves every session:
 
 - ``meta.<session>``: the session record (agent type, the AgentId serving it, parent session, created_at);
@@ -19,7 +19,6 @@ import time
 from typing import Any
 
 from nats.js import JetStreamContext
-from nats.js.api import KeyValueConfig
 from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSequenceError, NotFoundError
 from nats.js.kv import KeyValue
 
@@ -63,14 +62,14 @@ class SessionStore:
 
     @classmethod
     async def open(cls, js: JetStreamContext) -> SessionStore:
-        """The store over ``plexus_sessions``, creating the bucket when it does not exist yet."""
+        """The store over ``plexus_sessions``, which the topology creates (`Runtime.connect`, `plexus
+        topology`): the gateway's user may not create streams (docs/security.md)."""
         try:
             kv = await js.key_value(BUCKET)
         except (BucketNotFoundError, NotFoundError):
-            # Two replicas creating it at once is fine: creating with an identical config is idempotent.
-            kv = await js.create_key_value(
-                KeyValueConfig(bucket=BUCKET, history=1, description="Plexus sessions")
-            )
+            raise ValueError(
+                f"the {BUCKET} bucket does not exist: create the topology (`plexus topology`)"
+            ) from None
         return cls(kv)
 
     # -- sessions ---------------------------------------------------------------------------------------

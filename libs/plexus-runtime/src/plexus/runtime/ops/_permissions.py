@@ -43,25 +43,42 @@ class Permissions:
 _RUN_RECORDS = "$KV.plexus_runs.run.>"
 
 
-def _lookup(streams: list[str]) -> list[str]:
-    """Find the topology, read stream messages and KV entries, and consume the given streams."""
+def _lookup(streams: list[str], *, consume: bool = True) -> list[str]:
+    """Find the topology, read stream messages and KV entries, and (`consume`) consume the given streams.
+    Deleting a consumer is no part of it: names of others' consumers must not be deletable."""
     out = ["$JS.API.INFO", "$JS.API.STREAM.INFO.*", "$JS.API.STREAM.NAMES", "$JS.API.STREAM.LIST"]
     for stream in streams:
         out += [
             f"$JS.API.STREAM.MSG.GET.{stream}",
             f"$JS.API.DIRECT.GET.{stream}",
             f"$JS.API.DIRECT.GET.{stream}.>",
-            f"$JS.API.CONSUMER.CREATE.{stream}",
-            f"$JS.API.CONSUMER.CREATE.{stream}.>",
-            f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
-            f"$JS.API.CONSUMER.INFO.{stream}.>",
-            f"$JS.API.CONSUMER.LIST.{stream}",  # a taking worker finds every earlier owner's consumer
-            f"$JS.API.CONSUMER.DELETE.{stream}.>",
-            f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
-            f"$JS.ACK.{stream}.>",
-            f"$JS.FC.{stream}.>",
         ]
+        if consume:
+            out += [
+                f"$JS.API.CONSUMER.CREATE.{stream}",
+                f"$JS.API.CONSUMER.CREATE.{stream}.>",
+                f"$JS.API.CONSUMER.DURABLE.CREATE.{stream}.>",
+                f"$JS.API.CONSUMER.INFO.{stream}.>",
+                f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+                f"$JS.ACK.{stream}.>",
+                f"$JS.FC.{stream}.>",
+            ]
     return out
+
+
+def _partition_consumers(prefix: str, types: list[str]) -> list[str]:
+    """A worker's inbox partitions: it creates their consumers only with a filter inside its own types
+    (the create request's subject carries the filter, which the server checks against the config), and
+    pulls, acknowledges and deletes them by name."""
+    stream = "PLEXUS_INBOX"
+    return [
+        *(f"$JS.API.CONSUMER.CREATE.{stream}.*.{prefix}.*.inp.{t}.>" for t in types),
+        f"$JS.API.CONSUMER.INFO.{stream}.>",
+        f"$JS.API.CONSUMER.LIST.{stream}",  # a taking worker finds every earlier owner's consumer
+        f"$JS.API.CONSUMER.DELETE.{stream}.>",
+        f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
+        f"$JS.ACK.{stream}.>",
+    ]
 
 
 def role_permissions(
@@ -98,10 +115,10 @@ def role_permissions(
                         "PLEXUS_COUNTERS",
                         "PLEXUS_EVENTS",
                         "PLEXUS_PROGRESS",
-                        "PLEXUS_INBOX",
                         kv["leases"],
                     ]
                 ),
+                *_lookup(["PLEXUS_INBOX"], consume=False),
             ],
             publish_deny=_ADMIN_DENY,
             subscribe_allow=[own_inbox, f"{p}.*.orch.>", "$SRV.>", f"{p}.*.progress.>", f"{p}.*.ctr.>"],
@@ -129,9 +146,10 @@ def role_permissions(
                 "$KV.plexus_subscriptions.>",
                 "$O.plexus_artifacts.>",
                 replies,
+                *_lookup(["PLEXUS_INBOX"], consume=False),
+                *_partition_consumers(p, types),
                 *_lookup(
                     [
-                        "PLEXUS_INBOX",
                         "PLEXUS_EVENTS",
                         "PLEXUS_COUNTERS",
                         "PLEXUS_PROGRESS",
@@ -171,10 +189,9 @@ def role_permissions(
                         "KV_plexus_gateway_tokens",  # followed, never written: tokens are the operator's
                     ]
                 ),
-                "$JS.API.STREAM.CREATE.KV_plexus_sessions",  # the first gateway creates its bucket
-                "$JS.API.STREAM.CREATE.KV_plexus_gateway_tokens",
             ],
             publish_deny=[
+                *_ADMIN_DENY,
                 "$KV.plexus_gateway_tokens.>",
                 f"{p}.*.evlog.>",
                 "$KV.plexus_checkpoints.>",
@@ -182,7 +199,7 @@ def role_permissions(
                 "$KV.plexus_runs.>",
                 f"{p}.*.ctl.>",
             ],
-            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>", _RUN_RECORDS],
+            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>", f"{p}.*.ctr.>", _RUN_RECORDS],
         )
     if role == "client":
         return Permissions(
@@ -190,9 +207,20 @@ def role_permissions(
                 f"{p}.*.in.>",
                 f"{p}.*.eph.>",
                 f"{p}.*.orch.>",
-                *_lookup(["PLEXUS_PROGRESS", kv["registry"], kv["workers"], kv["runs"], kv["subscriptions"]]),
+                *_lookup(
+                    [
+                        "PLEXUS_PROGRESS",
+                        kv["registry"],
+                        kv["workers"],
+                        kv["runs"],
+                        kv["subscriptions"],
+                        kv["leases"],  # `plexus agents`: which worker owns which partition
+                    ]
+                ),
+                # `runs show|watch`: a tree's budget totals, single messages read (no consumer).
+                *_lookup(["PLEXUS_COUNTERS"], consume=False),
             ],
             publish_deny=_ADMIN_DENY,
-            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>", _RUN_RECORDS],
+            subscribe_allow=[own_inbox, f"{p}.*.progress.>", f"{p}.*.stream.>", f"{p}.*.ctr.>", _RUN_RECORDS],
         )
     raise ValueError(f"unknown role {role!r}; roles: {', '.join(ROLES)}")

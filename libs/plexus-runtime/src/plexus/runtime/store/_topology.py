@@ -88,6 +88,10 @@ class TopologyNames:
     leases_bucket: str = "plexus_leases"
     artifacts_bucket: str = "plexus_artifacts"
     runs_bucket: str = "plexus_runs"
+    #: The gateway's buckets: created with the rest by the operator, so that no other role needs to create
+    #: a stream (a user that may create one can give it any subjects, other identities' replies included).
+    sessions_bucket: str = "plexus_sessions"
+    tokens_bucket: str = "plexus_gateway_tokens"
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +107,8 @@ class Topology:
     workers: KeyValue
     leases: KeyValue
     runs: KeyValue
+    sessions: KeyValue
+    tokens: KeyValue
     artifacts: ObjectStore
     streams: dict[str, StreamInfo] = field(default_factory=dict)
     #: The TTLs the buckets really have (what this process asked for only if it created or reconciled
@@ -245,6 +251,8 @@ async def ensure_topology(
         workers=workers,
         leases=leases,
         runs=await bucket(names.runs_bucket),
+        sessions=await bucket(names.sessions_bucket),
+        tokens=await bucket(names.tokens_bucket),
         artifacts=await _until_answered(
             lambda: _ensure_object_store(js, names.artifacts_bucket, replicas=replicas, storage=storage)
         ),

@@ -1,0 +1,71 @@
+"""Issue 36 item 3: every documented client command (docs/gateway.md's `plexus runs`, `plexus agents`, and
+`plexus types`) works as the tenant's `client` user, with no permission violation in the server log."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+
+import pytest
+
+from plexus.runtime import Runtime
+
+from .conftest import APP, REPO, Secured, operator_topology
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def _plexus(sec: Secured, role: str, *args: str, timeout: float = 90) -> subprocess.CompletedProcess[str]:
+    """`plexus ARGS` as `role` (its env file only), to completion."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PLEXUS_NATS")}
+    env.update(sec.layout.env("acme", role))
+    env["PYTHONPATH"] = str(REPO)
+    return subprocess.run(
+        [sys.executable, "-m", "plexus.runtime.cli", *args, "--nats", sec.url],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+        check=False,
+    )
+
+
+async def test_every_client_command_works_as_the_client(secured: Secured) -> None:
+    await operator_topology(secured, "acme")
+    secured.spawn("acme", "worker", "worker", APP)
+    secured.spawn("acme", "orchestrator", "orchestrator")
+    client = await Runtime.connect(secured.url, auth=secured.auth("acme", "client"))
+    try:
+        async with asyncio.timeout(60):
+            while not await client.workers("tree"):  # noqa: ASYNC110 - another process's state
+                await asyncio.sleep(0.2)
+    finally:
+        await client.close()
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        done = _plexus(secured, "client", *args)
+        assert "Traceback" not in done.stderr, (args, done.stderr)
+        assert done.returncode == 0, (args, done.returncode, done.stdout, done.stderr)
+        return done
+
+    started = await asyncio.to_thread(run, "runs", "start", "tree/t1", "go", "--watch")
+    run_id = started.stdout.splitlines()[0].strip()
+    for args in (
+        ("runs", "ls"),
+        ("runs", "ls", "--all", "--json"),
+        ("runs", "show", run_id),
+        ("runs", "show", run_id, "--json"),
+        ("runs", "watch", run_id),
+        ("runs", "watch", run_id, "--json"),
+        ("runs", "start", "ledger/solo", "hello"),
+        ("agents",),
+        ("agents", "--json"),
+        ("types",),
+    ):
+        await asyncio.to_thread(run, *args)
+    second = (await asyncio.to_thread(run, "runs", "start", "tree/t2", "x")).stdout.strip()
+    await asyncio.to_thread(run, "runs", "cancel", second)
+    assert secured.violations() == []
