@@ -498,6 +498,8 @@ class Engine(SpawnSupport):
                 record.own_usage = record.usage = await own
         return record
 
-    async def settle_usage(self, root_id: str, force: bool = False) -> RunRecord | None:
+    async def settle_usage(
+        self, root_id: str, force: bool = False, ended: RunRecord | None = None
+    ) -> RunRecord | None:
         """Catch an ended tree's records up with its counters (see `_settle.py`)."""
-        return await settle_usage(self, root_id, force)
+        return await settle_usage(self, root_id, force, ended)

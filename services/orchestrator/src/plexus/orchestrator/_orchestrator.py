@@ -171,7 +171,7 @@ class Orchestrator:
             return
         # Not live as far as the index knows: an ended tree whose agents reported after its end (its records
         # catch up: see _settle.py), or one too new to be indexed yet.
-        root = await self.engine.settle_usage(root_id)
+        root = await self.engine.settle_usage(root_id, ended=self.index.ended.get(root_id))
         if root is not None and root.status not in TERMINAL and root.budget:
             await self.engine.check_budget(root_id, root)
 

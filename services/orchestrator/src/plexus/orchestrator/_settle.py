@@ -25,12 +25,17 @@ def _exceeds(read: UsageTotals, recorded: UsageTotals) -> bool:
     return any(getattr(read, d) > getattr(recorded, d) for d in DIMENSIONS)
 
 
-async def settle_usage(core: EngineCore, root_id: str, force: bool = False) -> RunRecord | None:
+async def settle_usage(
+    core: EngineCore, root_id: str, force: bool = False, ended: RunRecord | None = None
+) -> RunRecord | None:
     """Catch the records of the ended tree ``root_id`` up with its counters (see the module docstring).
 
     Returns the root's record (None when unknown); a live root is returned untouched. ``force``: rewrite the
     runs' own figures even when the tree's totals match the root's record (an ending that read a child's
-    counters before its last increment landed)."""
+    counters before its last increment landed). ``ended``: the ended root as an index last saw it (agent and
+    usage): the screen reads the counters only, and the record only when they passed that usage."""
+    if ended is not None and not force and not _exceeds((await core.read_tree(ended)).usage, ended.usage):
+        return ended
     found = await core.store.get_run(root_id)
     if found is None or found[0].parent_id is not None:
         return None

@@ -55,9 +55,10 @@ class RunIndex:
         self.settles: list[tuple[float, str]] = []  # heap of (end + settle_s, root id)
         # What the heaps hold, so the many updates of one run do not push it again and again.
         self._scheduled: set[tuple[str, float, str]] = set()
-        #: Roots last seen terminal (the newest `ENDED_MEMORY`): a terminal status is final, so a budget
-        #: counter that moves after its tree ended (a watcher's delayed check) needs no read to know it.
-        self.ended: OrderedDict[str, None] = OrderedDict()
+        #: Roots last seen terminal (the newest `ENDED_MEMORY`) with the usage their record holds: a terminal
+        #: status is final, so a budget counter that moves after its tree ended (a watcher's delayed check)
+        #: needs no read of the record unless the counters passed that usage (see _settle.py).
+        self.ended: OrderedDict[str, RunRecord] = OrderedDict()
         self.ready = asyncio.Event()
         self._watchers: list[Any] = []
         self._tasks: list[asyncio.Task[None]] = []
@@ -106,7 +107,15 @@ class RunIndex:
             if record.status in TERMINAL:
                 self.runs.pop(record.run_id, None)
                 if record.parent_id is None:  # budgets are the roots': only their ids are looked up
-                    self.ended[record.run_id] = None
+                    # Kept without its output (which may be large): only the screen's fields are read.
+                    self.ended[record.run_id] = RunRecord(
+                        run_id=record.run_id,
+                        root_id=record.root_id,
+                        agent_id=record.agent_id,
+                        status=record.status,
+                        usage=record.usage,
+                    )
+                    self.ended.move_to_end(record.run_id)
                     if len(self.ended) > ENDED_MEMORY:
                         self.ended.popitem(last=False)
                     settle_at = record.updated_at + self.settle_s
@@ -239,7 +248,9 @@ class Sweeper:
             for run_id in self.index.due_retries(now):
                 await self._guard("retry", run_id, self.engine.retry_started(run_id))
             for root_id in self.index.due_settles(now):
-                await self._guard("settle", root_id, self.engine.settle_usage(root_id))
+                await self._guard(
+                    "settle", root_id, self.engine.settle_usage(root_id, ended=self.index.ended.get(root_id))
+                )
             mono = time.monotonic()
             if mono - last_budget >= self.config.budget_recheck_s:
                 last_budget = mono
