@@ -1,8 +1,8 @@
 """docs/quickstart.md works as written: its app is saved as the page says, and its commands run from that
 directory (`plexus dev`; nats-server, two workers, the orchestrator and the gateway as separate processes;
 the CLI; the real-provider variant against a fake OpenAI server on loopback) and print what the page
-shows. Blocks are found by their info string (```` ```sh dev ````); ``<...>`` in an expected line matches any
-word, and every expected line must match a line of the output."""
+shows. Blocks are found by their info string (```` ```sh dev ````); every expected line must appear in a line
+of the output (``<...>``: any word), so the CLI may add columns."""
 
 from __future__ import annotations
 
@@ -48,12 +48,12 @@ def _commands(tag: str) -> list[str]:
 
 
 def _assert_shown(tag: str, output: str) -> None:
-    """Every line of the ```text <tag> block matches a line of ``output`` (``<...>``: any word)."""
+    """Every line of the ```text <tag> block appears in a line of ``output`` (``<...>``: any word)."""
     lines = [line.strip() for line in output.splitlines()]
     for expected in BLOCKS["text", tag].splitlines():
         parts = re.split(r"<[^>]+>", expected.strip())
         pattern = re.compile(r"\S+".join(re.escape(p) for p in parts))
-        assert any(pattern.fullmatch(line) for line in lines), f"not shown: {expected!r}\n{output[-4000:]}"
+        assert any(pattern.search(line) for line in lines), f"not shown: {expected!r}\n{output[-4000:]}"
 
 
 def _env(**extra: str) -> dict[str, str]:
