@@ -171,12 +171,17 @@ async def runs_changes(gw: Gw) -> EventSourceResponse:
     return EventSourceResponse(run_changes(gw.rt), ping=gw.config.heartbeat_s, headers=SSE_HEADERS)
 
 
-@router.get("/runs/{run_id}", summary="one run: its record and its tree's usage against the budget")
+@router.get(
+    "/runs/{run_id}",
+    summary="one run: its record, its tree's usage against the budget, and its token figures labelled "
+    "(tokens.own: what its own agent spent; tokens.tree: its whole tree's total)",
+)
 async def get_run(gw: Gw, run_id: RunIdPath) -> dict[str, Any]:
     record = await _record(gw, run_id)
     root = await tree_root(gw, run_id)
     usage = await gw.runs.usage(root)
-    return {"run": record, "usage": usage, "budget": budget_view(root, usage)}
+    tokens = {"own": (await gw.runs.tokens(record))["own"], "tree": usage["tokens"]}
+    return {"run": record, "usage": usage, "budget": budget_view(root, usage), "tokens": tokens}
 
 
 @router.get("/runs/{run_id}/tree", summary="every run of the tree (root first)")

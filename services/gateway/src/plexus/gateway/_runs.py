@@ -21,7 +21,7 @@ from plexus.runtime.orchestration import TERMINAL as _TERMINAL
 
 from ._kv import keys_matching
 
-__all__ = ["TERMINAL", "RunFilter", "RunsView", "budget_view", "partitions_by_worker"]
+__all__ = ["TERMINAL", "RunFilter", "RunsView", "budget_view", "partitions_by_worker", "stored_tokens"]
 
 #: The ended statuses as plain strings (run records reach the gateway as JSON).
 TERMINAL = frozenset(str(status) for status in _TERMINAL)
@@ -75,6 +75,16 @@ def budget_view(record: dict[str, Any], usage: dict[str, int]) -> dict[str, Any]
         "cost_usd": {"used": usage.get("cost_micros", 0) / COST_SCALE, "limit": cost_limit},
         "deadline_s": {"limit": budget.get("deadline_s"), "deadline": record.get("deadline")},
     }
+
+
+def stored_tokens(record: dict[str, Any]) -> dict[str, int | None]:
+    """The token figures a run record holds, labelled: ``own`` (what the run's own agent spent) and ``tree``
+    (its whole tree's total: a root's ``usage``; None for a child, whose ``usage`` is its own)."""
+    usage = int((record.get("usage") or {}).get("tokens", 0))
+    own = record.get("own_usage")
+    if record.get("parent_id"):
+        return {"own": max(usage, int((own or {}).get("tokens", 0))), "tree": None}
+    return {"own": int((own or {}).get("tokens", 0)), "tree": usage}
 
 
 class RunsView:
@@ -138,6 +148,26 @@ class RunsView:
         # The record's totals are written when the run ends; take whichever saw more.
         stored = root.get("usage") or {}
         return {d: max(live[d], int(stored.get(d, 0))) for d in DIMENSIONS}
+
+    async def tokens(self, record: dict[str, Any]) -> dict[str, int | None]:
+        """`stored_tokens`, live: each figure the larger of the record's and its counter's (a live run's
+        record holds what it had when it started; an ended one's catches up as its tree settles)."""
+        stored = stored_tokens(record)
+        namespace = escape_token(self._namespace(record))
+        stream = self.rt.topology.names.counters_stream
+        own = await self._counter(
+            stream, f"{self.rt.prefix}.{namespace}.ctr.run.{escape_token(str(record['run_id']))}.tokens"
+        )
+        figures: dict[str, int | None] = {"own": max(own, stored["own"] or 0), "tree": None}
+        if not record.get("parent_id"):
+            figures["tree"] = (await self.usage(record))["tokens"]
+        return figures
+
+    def _namespace(self, record: dict[str, Any]) -> str:
+        try:
+            return AgentId.parse(str(record.get("agent_id", ""))).namespace
+        except ValueError:
+            return self.rt.namespace
 
     def counters_subject(self, root: dict[str, Any]) -> str:
         """Where the tree's usage counters are incremented (every dimension)."""

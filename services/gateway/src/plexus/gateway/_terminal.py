@@ -9,7 +9,7 @@ from typing import Any
 from plexus.runtime import Runtime
 
 from ._events import tree_events
-from ._runs import RunsView, budget_view
+from ._runs import RunsView, budget_view, stored_tokens
 
 __all__ = ["final_answer", "render_tree", "watch_tree"]
 
@@ -29,16 +29,20 @@ def render_tree(runs: list[dict[str, Any]], usage: dict[str, int], root: dict[st
         r = by_id.get(run_id)
         if r is None:
             return
-        tokens = (r.get("usage") or {}).get("tokens", 0)
+        # Labelled: a root's record holds its tree's total, a child's its own (issue 44).
+        figures = stored_tokens(r)
+        tokens = f"own={figures['own']}"
+        if r["run_id"] == root["run_id"]:
+            tokens += f" tree={usage.get('tokens', figures['tree'])}"
         reason = f" ({r['reason']})" if r.get("reason") else ""
-        lines.append(f"{'  ' * depth}{r['agent_id']}  {r.get('status', 'pending')}{reason}  tokens={tokens}")
+        lines.append(f"{'  ' * depth}{r['agent_id']}  {r.get('status', 'pending')}{reason}  tokens {tokens}")
         for child in r.get("children", []):
             walk(child, depth + 1)
 
     walk(str(root["run_id"]), 0)
     budget = budget_view(root, usage)
-    lines.append(f"tokens {_bar(budget['tokens']['used'], budget['tokens']['limit'])}")
-    lines.append(f"turns  {_bar(budget['turns']['used'], budget['turns']['limit'])}")
+    lines.append(f"tree tokens {_bar(budget['tokens']['used'], budget['tokens']['limit'])}")
+    lines.append(f"tree turns  {_bar(budget['turns']['used'], budget['turns']['limit'])}")
     return "\n".join(lines)
 
 

@@ -259,8 +259,12 @@ async def _runs(args: argparse.Namespace) -> int:
             page, _ = await view.page(flt, args.limit, None)
             if args.json:
                 print(json.dumps(page))
-            for r in [] if args.json else page:
-                print(f"{r['run_id']}  {r.get('status', 'pending'):<10} {r['agent_id']}")
+            # Token figures labelled: own (the run's own agent), tree (a root's whole tree; "-" on a child).
+            figures = [] if args.json else await asyncio.gather(*(view.tokens(r) for r in page))
+            for r, tokens in zip(page, figures, strict=True):
+                tree = "-" if tokens["tree"] is None else tokens["tree"]
+                status = r.get("status", "pending")
+                print(f"{r['run_id']}  {status:<10} {r['agent_id']}  own={tokens['own']} tree={tree}")
             return 0
         record = await view.record(args.run_id)
         if record is None:
