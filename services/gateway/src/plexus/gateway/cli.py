@@ -260,8 +260,9 @@ async def _runs(args: argparse.Namespace) -> int:
             if args.json:
                 print(json.dumps(page))
             # Token figures labelled: own (the run's own agent), tree (a root's whole tree; "-" on a child).
-            figures = [] if args.json else await asyncio.gather(*(view.tokens(r) for r in page))
-            for r, tokens in zip(page, figures, strict=True):
+            shown = [] if args.json else page
+            figures = await asyncio.gather(*(view.tokens(r) for r in shown))
+            for r, tokens in zip(shown, figures, strict=True):
                 tree = "-" if tokens["tree"] is None else tokens["tree"]
                 status = r.get("status", "pending")
                 print(f"{r['run_id']}  {status:<10} {r['agent_id']}  own={tokens['own']} tree={tree}")
