@@ -144,8 +144,11 @@ def test_plexus_dev_then_the_cli(workdir: Path, processes: Processes) -> None:
     output = _dev_until_serving(processes, dev, _env())
     _assert_shown("dev", output)
     _check_dashboard(_dashboard(output))
-    [url] = set(NATS_URL.findall(output))
-    [run_id] = set(RUN_ID.findall(output))
+    served = re.search(r"plexus dev: serving on (nats://\S+);", output)
+    started = re.search(r"^run (run_\w+)$", output, re.MULTILINE)
+    assert served is not None, output
+    assert started is not None, output
+    url, run_id = served.group(1), started.group(1)
     cli = ""
     for command in _commands("dev-cli"):  # with the URL and run id plexus dev printed, as the page says
         cli += _run(RUN_ID.sub(run_id, NATS_URL.sub(url, command)), workdir, _env())
