@@ -334,6 +334,15 @@ function failedBelow(run) {
   return childrenOf(run).some(failedBelow);
 }
 
+// Token figures, labelled (issue 44): "own" is what the run's own agent spent; "tree" (the root only) its whole
+// tree's total, as the gauge shows it. A root's record holds the tree's total in `usage`, a child's its own.
+function tokenFigures(run) {
+  const own = run.own_usage && run.own_usage.tokens;
+  if (run.parent_id) return { own: Math.max(own || 0, (run.usage && run.usage.tokens) || 0), tree: null };
+  const used = state.budget ? state.budget.tokens.used : 0;
+  return { own: own || 0, tree: Math.max(used, (run.usage && run.usage.tokens) || 0) };
+}
+
 function renderNode(run) {
   if ($("t-failed").checked && !failedBelow(run)) return null;
   const n = node(run.agent_id);
@@ -345,11 +354,15 @@ function renderNode(run) {
   li.dataset.status = status;
   li.dataset.run = run.run_id;
   li.className = "tree-node";
-  const tokens = (run.usage && run.usage.tokens) || 0;
+  const tokens = tokenFigures(run);
+  const tokenText = `tokens own ${tokens.own}` + (tokens.tree === null ? "" : ` · tree ${tokens.tree}`);
+  const meta = text("span", `step ${n.step || "-"} · ${tokenText} · events ${n.turns}`, "meta");
+  meta.dataset.own = String(tokens.own);
+  if (tokens.tree !== null) meta.dataset.tree = String(tokens.tree);
   row.append(
     text("span", run.agent_id, "agent"),
     badge(status),
-    text("span", `step ${n.step || "-"} · tokens ${tokens} · turns ${(run.usage && run.usage.turns) || 0} · events ${n.turns}`, "meta"),
+    meta,
     timelineBar(run),
   );
   if (n.usage) {
@@ -441,7 +454,8 @@ function renderDetail() {
   fields.replaceChildren();
   const rows = {
     run: run.run_id, status: displayStatus(run), reason: run.reason || "", attempts: run.attempts || 0,
-    priority: run.priority ?? 2, depth: run.depth || 0, usage: JSON.stringify(run.usage || {}),
+    priority: run.priority ?? 2, depth: run.depth || 0,
+    "tokens own": tokenFigures(run).own, "tokens tree": tokenFigures(run).tree ?? "-",
     error: run.error ? `${run.error.error_type}: ${run.error.message}` : "",
   };
   for (const [k, v] of Object.entries(rows)) fields.append(text("dt", k), text("dd", String(v)));
