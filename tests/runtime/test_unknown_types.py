@@ -13,7 +13,7 @@ import time
 import pytest
 
 from plexus.core import AgentId, AgentNotFoundError, BaseBlock, KernelError, TextBlock
-from plexus.runtime import Agent, AgentTypeInfo, App, Context, Runtime
+from plexus.runtime import Agent, AgentTypeInfo, App, Context, NatsServer, Runtime
 
 from .conftest import StartWorker
 
@@ -88,13 +88,22 @@ async def test_spawn_of_a_type_never_registered_fails_at_once_with_the_closest_m
 
 
 async def test_a_type_registered_a_moment_ago_keeps_its_grace_period(
-    runtime: Runtime, start_worker: StartWorker
+    runtime: Runtime, start_worker: StartWorker, nats_server: NatsServer
 ) -> None:
-    """The client's registry view may not have seen a registration yet: it reads the bucket again before
-    calling a type unknown. A registered type with no live worker waits for one until the deadline."""
-    await runtime.registry.register_type(
-        AgentTypeInfo(namespace="default", type="sleepy", durable=True, partitions=runtime.partitions)
-    )
+    """The client's registry view may not have seen a registration made on another connection yet: it
+    reads the buckets again before calling a type unknown. A registered type with no live worker waits for
+    one until the deadline."""
+    other = await Runtime.connect(nats_server.url)
+    try:
+        await other.registry.register_type(
+            AgentTypeInfo(namespace="default", type="sleepy", durable=True, partitions=other.partitions)
+        )
+        # At once, before this client's watch may have delivered the registration.
+        with pytest.raises(AgentNotFoundError) as info:
+            await runtime.send_message(PING, AgentId("sleepy", "k0"), timeout=0.5)
+        assert info.value.registered is True
+    finally:
+        await other.close()
     sending = asyncio.create_task(runtime.send_message(PING, AgentId("sleepy", "k1"), timeout=30))
     await asyncio.sleep(0.3)
     assert not sending.done()  # waiting for a host, not refused
