@@ -23,6 +23,7 @@ from ._dev import run_dev
 from .client._client import Runtime
 from .ops._auth import NatsAuthError
 from .ops._health import HealthServer
+from .ops._logging import LOG_FORMATS, LOG_LEVELS, LogSettings, configure_logging
 from .ops._security import add_security_command
 from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
 from .ops._telemetry import configure_telemetry
@@ -117,7 +118,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="plexus", description="Plexus: a distributed actor kernel for AI agents."
     )
-    parser.add_argument("-v", "--verbose", action="store_true", help="log at DEBUG level")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="log everything (third-party loggers too) at DEBUG"
+    )
+    parser.add_argument(
+        "--log-level",
+        type=str.upper,
+        choices=LOG_LEVELS,
+        default=None,
+        help="level of the plexus.* loggers (default $PLEXUS_LOG_LEVEL or INFO; others log at WARNING)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help="text, or json: one JSON object a line (default $PLEXUS_LOG_FORMAT or text)",
+    )
     parser.add_argument(
         "--version", action="version", version=f"plexus {installed_version() or '(source tree, no metadata)'}"
     )
@@ -369,9 +385,12 @@ async def _dev(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.WARNING, format="%(asctime)s %(name)s %(message)s"
-    )
+    try:
+        logs = load_settings(LogSettings)
+    except SettingsError as exc:
+        print(f"plexus: error: {exc}", file=sys.stderr)
+        return 2
+    configure_logging(args.log_level or logs.log_level, args.log_format or logs.log_format, args.verbose)
     try:
         if args.command == "worker":
             app = load_object(args.app)

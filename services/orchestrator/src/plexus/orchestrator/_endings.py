@@ -45,6 +45,7 @@ from plexus.runtime.orchestration import (
 
 from ._budget import DIMENSIONS, budget_error, grown, read_own_usage, read_usage
 from ._events import Announcer, namespace_of
+from ._runlog import log_run_end
 from ._store import RunStore
 
 if TYPE_CHECKING:
@@ -298,6 +299,7 @@ class EngineCore:
             await self.store.update_tree(root.run_id, clear_slots, known=None if others else found)
 
     async def _log_ending(self, record: RunRecord, ending: Ending) -> None:
+        log_run_end(record, ending.decision)
         entry: RunEvent
         if record.status == RunStatus.COMPLETED:
             output = msgspec.json.decode(bytes(record.output)) if record.output is not None else None

@@ -15,6 +15,7 @@ from plexus.runtime._context import Context
 from plexus.runtime.client._cluster import OrchestratorClient, RunControl
 from plexus.runtime.interceptors._deadline import DeadlineInterceptor
 from plexus.runtime.interceptors._interceptors import HandleInput, Interceptor, TracingInterceptor, chain
+from plexus.runtime.interceptors._logging import LoggingInterceptor
 from plexus.runtime.interceptors._metrics import MetricsInterceptor
 from plexus.runtime.ops._telemetry import metrics_enabled
 from plexus.runtime.wire._envelope import Envelope
@@ -41,12 +42,14 @@ class HandleChains:
         self._metrics = MetricsInterceptor()
         self._retry = RetryInterceptor(orchestrator, reload)
         # The trace spans everything; run control races the whole retry loop against the tree's
-        # cancellation; retries wrap each attempt, which the deadline bounds.
+        # cancellation; retries wrap each attempt, which the deadline bounds; each failed attempt is logged
+        # (a deadline's cancellation included).
         self._all: list[Interceptor] = [
             TracingInterceptor(),
             self._metrics,
             self.run_control,
             self._retry,
+            LoggingInterceptor(),
             DeadlineInterceptor(),
             *app_interceptors,
         ]

@@ -424,7 +424,7 @@ class PartitionOwner:
         puller.start()
         self.owned[p] = (lease, puller)
         INSTRUMENTS.partitions_owned.add(1, {"agent_type": self.agent_type, "worker": self.worker_id})
-        log.info("%s took %s partition %d", self.worker_id, self.agent_type, p)
+        log.debug("%s took %s partition %d", self.worker_id, self.agent_type, p)
 
     async def _drop(self, p: int, *, release: bool) -> None:
         entry = self.owned.pop(p, None)
