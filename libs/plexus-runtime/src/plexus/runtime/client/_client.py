@@ -265,18 +265,21 @@ class Runtime(RunsClient):
     ) -> AgentId:
         """The AgentId of `agent_type/key`. Nothing is instantiated (activation happens on first message).
 
-        With ``lazy=False`` the type must have a live host within `timeout`, else AgentNotFoundError.
+        With ``lazy=False`` the type must have a live host within `timeout`, else AgentNotFoundError; a type
+        not registered yet is waited for too (this is how a caller waits for a worker that is starting).
         """
         agent_id = AgentId(agent_type, key, self.namespace)
         if not lazy:
-            await self._host_for(agent_id, time.monotonic() + timeout)
+            await self._host_for(agent_id, time.monotonic() + timeout, wait_for_unknown=True)
         return agent_id
 
-    async def _host_for(self, agent_id: AgentId, deadline: float) -> AgentTypeInfo:
+    async def _host_for(
+        self, agent_id: AgentId, deadline: float, *, wait_for_unknown: bool = False
+    ) -> AgentTypeInfo:
         info = self._registry_cache.get_type(agent_id.namespace, agent_id.type)
         if info is not None and self._registry_cache.has_live_host(agent_id.namespace, agent_id.type):
             return info
-        if info is None:
+        if info is None and not wait_for_unknown:
             await self._require_known(agent_id)
         # Wait on the shared, watch-fed cache: a private watch per waiting send made one consumer per call,
         # and under a burst of sends during an outage ran the stream out of consumers.
@@ -292,6 +295,9 @@ class Runtime(RunsClient):
                 found = await self.registry.get_type(agent_id.namespace, agent_id.type)
                 if found is not None:
                     return found
+        if self._registry_cache.get_type(agent_id.namespace, agent_id.type) is None:
+            known = [t.type for t in self._registry_cache.list_types(agent_id.namespace)]
+            raise AgentNotFoundError.unregistered(agent_id, agent_id.type, known)
         raise AgentNotFoundError(agent_id, registered=True)
 
     async def _require_known(self, agent_id: AgentId) -> None:
