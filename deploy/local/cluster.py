@@ -19,7 +19,6 @@ import contextlib
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
@@ -40,6 +39,7 @@ from deploy.spec import (
 from plexus.runtime import NatsCluster
 
 from .netns import Host, Network, netns_available
+from .processes import start_time, stop
 
 __all__ = ["APP", "GATEWAY_PORT", "NATS_CLIENT_PORT", "NATS_CLUSTER_PORT", "LocalCluster"]
 
@@ -91,12 +91,21 @@ class LocalCluster:
             cluster_port=NATS_CLUSTER_PORT,
         )
         pids: dict[str, int] = {}
-        state: dict[str, object] = {"pids": pids, "hosts": {h.name: h.ip for h in placed.values()}}
+        # Each PID's start time (see processes.py) and how each service was started (for `restart`).
+        started: dict[str, int | None] = {}
+        spawned: dict[str, dict[str, object]] = {}
+        state: dict[str, object] = {
+            "pids": pids,
+            "started": started,
+            "spawn": spawned,
+            "hosts": {h.name: h.ip for h in placed.values()},
+        }
         try:
             cluster.start()
             for i, server in enumerate(cluster.servers):
                 assert server.pid is not None
                 pids[f"nats-n{i + 1}"] = server.pid
+                started[f"nats-n{i + 1}"] = start_time(server.pid)
             seeds = cluster.urls
             state["nats"] = seeds
             self._write(state)
@@ -134,6 +143,8 @@ class LocalCluster:
                     if role == "worker":
                         argv = ["plexus", "worker", self.app, "--worker-id", f"w{counts[role]}"]
                     pids[name] = self._spawn(host, argv, f"{name}.log", env)
+                    started[name] = start_time(pids[name])
+                    spawned[name] = {"netns": host.netns, "host": host.name, "argv": argv, "env": env}
             self._write(state)
             self._wait_ready(str(state["dashboard"]), timeout_s)
             self._wait_healthy(health, timeout_s)
@@ -145,21 +156,33 @@ class LocalCluster:
     def down(self) -> None:
         """Stop every process of the state file (SIGTERM, SIGKILL after 10 s) and delete the hosts."""
         state = self.status()
-        pids = state.get("pids", {}) if state else {}
-        assert isinstance(pids, dict)
-        for pid in pids.values():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGTERM)
-        deadline = time.monotonic() + 10.0
-        for pid in pids.values():
-            while _alive(int(pid)) and time.monotonic() < deadline:
-                time.sleep(0.1)
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid), signal.SIGKILL)
+        stop(_recorded(state or {}))
         self.network.down()
         if self._state_file.exists():
             self._state_file.unlink()
         shutil.rmtree(self.state_dir / "nats", ignore_errors=True)
+
+    def restart(self, name: str) -> int:
+        """Stop service ``name`` if it is still the process recorded at `up` (a PID someone else now holds
+        is left alone) and start it again as `up` did; returns its new PID."""
+        state = self.status()
+        if state is None:
+            raise ClusterError("no local cluster is up")
+        spawned = state.get("spawn") or {}
+        assert isinstance(spawned, dict)
+        if name not in spawned:
+            names = ", ".join(sorted(spawned)) or "none (a state file from before restart existed)"
+            raise ClusterError(f"cannot restart {name!r}: the services it can restart are {names}")
+        stop({name: _recorded(state)[name]} if name in _recorded(state) else {})
+        spec = spawned[name]
+        host = Host(str(spec["host"]), str(spec["netns"]), "", "")
+        pid = self._spawn(host, [str(a) for a in spec["argv"]], f"{name}.log", dict(spec["env"]))
+        pids, started = state.setdefault("pids", {}), state.setdefault("started", {})
+        assert isinstance(pids, dict)
+        assert isinstance(started, dict)
+        pids[name], started[name] = pid, start_time(pid)
+        self._write(state)
+        return pid
 
     def status(self) -> dict[str, object] | None:
         """The state of a cluster that is up (None if there is none)."""
@@ -234,13 +257,13 @@ class LocalCluster:
         )
 
 
-def _alive(pid: int) -> bool:
-    """Running (a zombie, dead but not yet reaped by the process that started it, is not)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+def _recorded(state: dict[str, object]) -> dict[str, tuple[int, int | None]]:
+    """name -> (PID, start time) of a state file (no start time: a file written before they were recorded)."""
+    pids = state.get("pids") or {}
+    started = state.get("started") or {}
+    assert isinstance(pids, dict)
+    assert isinstance(started, dict)
+    return {name: (int(pid), started.get(name)) for name, pid in pids.items()}
 
 
 def _tail(path: Path, lines: int = 15) -> str:
