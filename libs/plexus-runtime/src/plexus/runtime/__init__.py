@@ -30,6 +30,7 @@ from .interceptors._interceptors import (
 )
 from .interceptors._metrics import MetricsInterceptor
 from .ops._auth import NatsAuth, NatsAuthError
+from .ops._denials import raise_on_denial
 from .ops._health import HealthServer
 from .ops._liveness import liveness_options
 from .ops._security import SecurityLayout, security_init
@@ -136,6 +137,7 @@ __all__ = [
     "make_headers",
     "metrics_enabled",
     "new_root_run",
+    "raise_on_denial",
     "security_init",
     "trace_headers",
     "unescape_token",

@@ -18,6 +18,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from importlib.metadata import entry_points
 from typing import Any
 
+from plexus.core import PermissionDeniedError
+
 from ._app import App
 from ._dev import run_dev
 from .client._client import Runtime
@@ -259,6 +261,8 @@ async def _serve_worker(app: App, args: argparse.Namespace) -> None:
     )
     try:
         await worker.start()
+    except PermissionDeniedError:
+        raise  # the identity's permissions, not the connection: nothing to wait for
     except Exception:
         # nats-py closes a connection in a task of its own after the error that dooms it, so a request
         # that failed meanwhile may be seen first: give the close time to show before deciding (the close
@@ -413,6 +417,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return int(handler(args) or 0)
     except ConnectionLostError as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
+        return 1
+    except PermissionDeniedError as exc:
+        print(f"plexus: error: PermissionDeniedError: {exc}", file=sys.stderr)
         return 1
     except (CliError, NatsAuthError, SettingsError) as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)

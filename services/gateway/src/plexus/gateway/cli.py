@@ -13,7 +13,15 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from plexus.core import KernelError
-from plexus.runtime import NatsSettings, Runtime, SettingsError, configure_telemetry, env_help, load_settings
+from plexus.runtime import (
+    NatsSettings,
+    Runtime,
+    SettingsError,
+    configure_telemetry,
+    env_help,
+    load_settings,
+    raise_on_denial,
+)
 
 from . import _cli_more as more
 from ._cli_tokens import register_tokens as _register_tokens
@@ -228,9 +236,10 @@ def _run_runs(args: argparse.Namespace) -> int:
 
 
 def _guarded(command: str, work: Any) -> int:
-    """Run `work`; a typed kernel error or invalid input is a one-line error (status 1), not a traceback."""
+    """Run `work`; a typed kernel error or invalid input is a one-line error (status 1), not a traceback. A
+    permission the identity lacks ends it at once (`PermissionDeniedError`), not after a request's timeout."""
     try:
-        return int(asyncio.run(work))
+        return int(asyncio.run(raise_on_denial(work)))
     except BrokenPipeError:
         # The reader went away (`plexus runs watch --json | head -1`): that ends the command, quietly. Point
         # stdout at /dev/null so the interpreter's final flush does not raise again.

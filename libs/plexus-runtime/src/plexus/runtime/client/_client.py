@@ -27,6 +27,7 @@ from plexus.core import (
     BaseBlock,
     KernelError,
     MessageId,
+    PermissionDeniedError,
     RunId,
     TopicId,
 )
@@ -38,6 +39,7 @@ from plexus.runtime.interceptors._interceptors import (
     chain,
 )
 from plexus.runtime.ops._auth import NatsAuth
+from plexus.runtime.ops._denials import DenialWatch, raise_on_denial
 from plexus.runtime.ops._liveness import PING_INTERVAL_S, liveness_options
 from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.store._acks import DeferredAcks
@@ -174,6 +176,7 @@ class Runtime(RunsClient):
 
         # nats-py closes a connection for good on some protocol errors (e.g. "maximum control line
         # exceeded") even with unlimited reconnects: long-lived processes watch `connection_closed`.
+        denials = DenialWatch(auth.user)
         nc = await nats.connect(
             servers=servers,
             name=name or "plexus",
@@ -182,17 +185,27 @@ class Runtime(RunsClient):
             closed_cb=on_closed,
             disconnected_cb=on_disconnected,
             reconnected_cb=on_reconnected,
+            error_cb=denials.on_error,
             **auth.connect_options(),
         )
-        topology = await ensure_topology(
-            nc.jetstream(),
-            prefix=prefix,
-            partitions=partitions,
-            progress_max_age_s=progress_max_age_s,
-            workers_ttl_s=heartbeat_ttl_s,
-            leases_ttl_s=lease_ttl_s,
-            replicas=replicas,
-        )
+        denials.source = nc
+        # A request to a subject this user may not use is never answered: fail at once, not at a timeout.
+        try:
+            topology = await raise_on_denial(
+                ensure_topology(
+                    nc.jetstream(),
+                    prefix=prefix,
+                    partitions=partitions,
+                    progress_max_age_s=progress_max_age_s,
+                    workers_ttl_s=heartbeat_ttl_s,
+                    leases_ttl_s=lease_ttl_s,
+                    replicas=replicas,
+                ),
+                nc,
+            )
+        except PermissionDeniedError:
+            await nc.close()
+            raise
         rt = cls(
             nc,
             topology,
@@ -204,7 +217,7 @@ class Runtime(RunsClient):
             interceptors=interceptors,
         )
         rt.connection_closed = closed
-        await rt._start()
+        await raise_on_denial(rt._start(), nc)
         return rt
 
     @classmethod

@@ -16,6 +16,7 @@ from typing import Any
 from plexus.core import AgentId
 from plexus.runtime._agent import AgentType
 from plexus.runtime._app import App
+from plexus.runtime.ops._denials import raise_on_denial
 from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.store._registry import AgentTypeInfo, WorkerInfo
@@ -74,7 +75,8 @@ class Upkeep:
         delay = 0.2
         while True:
             try:
-                return await step()
+                # A permission the worker's user lacks is no outage either: it fails the start at once.
+                return await raise_on_denial(step(), self.connection.nc)
             except Exception as exc:
                 # A connection closed for good (a fatal server error) is not an outage to wait out.
                 if (
