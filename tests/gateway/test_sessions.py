@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
+
 from .conftest import Stack, StartGateway, read_sse
+from .test_cli import plexus
 
 
 def text(value: str) -> list[dict[str, str]]:
@@ -93,3 +96,33 @@ async def test_a_failed_run_is_recorded_in_the_transcript_with_why(gw: Stack) ->
     assert [i["kind"] for i in transcript] == ["user", "custom"]
     assert transcript[1]["metadata"]["plexus.custom_type"] == "plexus.run_ended"
     assert transcript[1]["metadata"]["status"] == "failed"
+
+
+async def test_an_llm_session_s_transcript_keeps_its_tool_calls_and_results_in_order(gw: Stack) -> None:
+    """Seed 003's transcript: the turn's tool call and its result are items between the user's text and the
+    answer, in `GET /v1/sessions/{id}` and in `plexus sessions show` (text and --json)."""
+    response = await gw.client.post("/v1/sessions", json={"agent_type": "llm"})
+    sid = response.json()["session_id"]
+    events = await read_sse(gw.client, f"/v1/sessions/{sid}/run", method="POST", body={"input": text("q")})
+    assert events[-1].data == "[DONE]"
+    transcript = (await gw.client.get(f"/v1/sessions/{sid}")).json()["transcript"]
+    assert [i["kind"] for i in transcript] == ["user", "assistant", "tool", "assistant"]
+    call, result = transcript[1]["blocks"], transcript[2]["blocks"]
+    assert [(b["type"], b["call_id"], b["tool_name"], b["arguments"]) for b in call] == [
+        ("tool_use", "c1", "lookup", {"q": "plexus"})
+    ]
+    assert [(b["type"], b["call_id"]) for b in result] == [("tool_result", "c1")]
+    assert result[0]["content"][0]["text"] == "found plexus"
+    assert transcript[3]["blocks"][0]["text"] == "Found it."
+    run_ids = {i["metadata"]["plexus.run_id"] for i in transcript}
+    assert len(run_ids) == 1
+
+    code, out, err = await plexus("sessions", "show", sid, "--nats", gw.nats_url)
+    assert code == 0, err
+    lines = out.splitlines()[1:]
+    assert [line.split()[0] for line in lines] == ["user", "assistant", "tool", "assistant"]
+    assert 'lookup({"q": "plexus"}) [c1]' in lines[1]
+    assert "[c1] found plexus" in lines[2]
+    code, out, err = await plexus("sessions", "show", sid, "--json", "--nats", gw.nats_url)
+    assert code == 0, err
+    assert json.loads(out)["transcript"] == transcript

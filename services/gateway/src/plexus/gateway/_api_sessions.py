@@ -16,6 +16,7 @@ from ._api_runs import sse_response
 from ._models import CreateSession, SessionOut, SessionRunIn
 from ._problems import PROBLEM_RESPONSES, Problem
 from ._runs import TERMINAL
+from ._session_tools import tool_items
 from ._sessions import RUN_ID_KEY, SessionNotFound, SessionStore, ending_item, user_item
 from ._state import GatewayState, authorize, state
 
@@ -70,13 +71,17 @@ async def reconcile(gw: GatewayState, session_id: str) -> None:
             continue
         record = await gw.runs.record(run_id)
         if record is not None and record.get("status") in TERMINAL:
-            await _write_ending(store, session_id, record)
+            await _write_ending(gw, session_id, record)
 
 
-async def _write_ending(store: SessionStore, session_id: str, record: dict[str, Any]) -> None:
+async def _write_ending(gw: GatewayState, session_id: str, record: dict[str, Any]) -> None:
+    """The run's tool calls and results (`tool_items`), then its ending, in one write."""
     output = record.get("output")
     blocks = content_blocks_from_json(_json_bytes(output)) if output else []
-    await store.append(session_id, ending_item(record, blocks), unless_run_ended=str(record["run_id"]))
+    tools = await tool_items(gw.rt, record)
+    await gw.session_store().append(
+        session_id, *tools, ending_item(record, blocks), unless_run_ended=str(record["run_id"])
+    )
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -162,7 +167,7 @@ async def _finish(gw: GatewayState, session_id: str, run_id: str) -> None:
         await gw.rt.wait_run(run_id, timeout=24 * 3600)
         record = await gw.runs.record(run_id)
         if record is not None:
-            await _write_ending(gw.session_store(), session_id, record)
+            await _write_ending(gw, session_id, record)
     except Exception:
         # Reconciliation on the next read of the session writes it instead.
         log.warning("could not record the end of run %s in session %s", run_id, session_id, exc_info=True)

@@ -14,6 +14,7 @@ from plexus.core import AgentId, ExecutionBudget, SpawnBudget, TextBlock
 from plexus.runtime import Runtime
 
 from ._runs import partitions_by_worker
+from ._session_tools import item_line
 from ._sessions import SessionNotFound, SessionStore
 
 __all__ = ["add_approve", "add_start", "agents", "approve", "sessions", "start"]
@@ -152,5 +153,5 @@ async def sessions(rt: Runtime, args: argparse.Namespace) -> int:
         return 0
     print(f"session {meta['session_id']} with {meta.get('agent_type')} ({len(items)} items)")
     for item in items:
-        print(f"  {item.kind.value:<10} {item.text}")
+        print(f"  {item_line(item)}")
     return 0

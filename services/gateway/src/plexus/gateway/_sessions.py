@@ -113,9 +113,10 @@ class SessionStore:
             return []
         return [Item.model_validate(raw) for raw in json.loads(value)]
 
-    async def append(self, session_id: str, item: Item, *, unless_run_ended: str | None = None) -> bool:
-        """Append ``item`` (compare-and-set). With ``unless_run_ended``, skip it when the transcript already
-        holds the end of that run (so the replica that streamed it and one reconciling never both write)."""
+    async def append(self, session_id: str, *new: Item, unless_run_ended: str | None = None) -> bool:
+        """Append the ``new`` items in one write (compare-and-set). With ``unless_run_ended``, skip them when
+        the transcript already holds the end of that run (so the replica that streamed it and one
+        reconciling never both write)."""
         key = f"tx.{escape_token(session_id)}"
         for _ in range(_CAS_ATTEMPTS):
             revision = 0
@@ -131,7 +132,7 @@ class SessionStore:
                 for i in items
             ):
                 return False
-            items.append(item.model_dump(mode="json"))
+            items.extend(item.model_dump(mode="json") for item in new)
             data = json.dumps(items).encode()
             try:
                 if revision:
