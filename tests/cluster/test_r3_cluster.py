@@ -20,6 +20,8 @@ import nats.errors
 import pytest
 
 from plexus.core import AgentId, BaseBlock, KernelError, TextBlock
+from plexus.gateway import SessionStore
+from plexus.gateway._access import TokenRegistry
 from plexus.runtime import Agent, App, Context, NatsCluster, Runtime, Worker, WorkerConfig
 from plexus.runtime.orchestration import RunRecord
 
@@ -67,6 +69,46 @@ async def test_an_r3_topology_is_never_scaled_down_by_a_default_connection(
         assert set((await _replicas(plain)).values()) == {3}
     finally:
         await plain.close()
+
+
+async def test_every_stream_and_bucket_has_the_topologys_replicas(
+    nats_cluster: Callable[..., NatsCluster],
+) -> None:
+    """Issue 36 item 2: on an R3 cluster the gateway's buckets (sessions, tokens) were R1, made by the first
+    gateway and `plexus tokens` with their defaults. Everything in the account is the topology's, at R3."""
+    cluster = nats_cluster(3)
+    admin = await Runtime.connect(cluster.urls, replicas=3)
+    gateway = await Runtime.connect(cluster.urls)  # a gateway connects with defaults, then opens its buckets
+    try:
+        await SessionStore.open(gateway.js)
+        await TokenRegistry(gateway.js).open()
+        names = admin.topology.names
+        expected = {
+            names.inbox_stream,
+            names.events_stream,
+            names.progress_stream,
+            names.dlq_stream,
+            names.counters_stream,
+            *(
+                f"KV_{bucket}"
+                for bucket in (
+                    names.checkpoints_bucket,
+                    names.registry_bucket,
+                    names.subscriptions_bucket,
+                    names.workers_bucket,
+                    names.leases_bucket,
+                    names.runs_bucket,
+                    "plexus_sessions",
+                    "plexus_gateway_tokens",
+                )
+            ),
+            f"OBJ_{names.artifacts_bucket}",
+        }
+        replicas = {info.config.name: info.config.num_replicas for info in await admin.js.streams_info()}
+        assert replicas == dict.fromkeys(expected, 3)
+    finally:
+        await gateway.close()
+        await admin.close()
 
 
 async def test_durable_sends_survive_the_loss_of_the_workers_node(
