@@ -173,16 +173,14 @@ async def test_connection_dropped_mid_stream_is_provider_unavailable() -> None:
     assert fake.count == 1
 
 
-async def test_sdk_retries_are_the_sdks() -> None:
-    """With the SDK's own retries on, a 500 then a good answer is one successful call (two requests)."""
-    answers: Iterator[Answer] = iter(
-        [Status(500, {"error": {"message": "boom"}}), Sse(openai_frames("fine"))]
-    )
-    async with FakeProvider(lambda _: next(answers)) as fake:
+async def test_the_sdks_own_retries_are_off() -> None:
+    """Retries are Plexus's (ProviderRetry, the run's RetryPolicy): even a client built with the SDK's retries
+    on makes one request for a 500 (issue 36 item 9)."""
+    async with FakeProvider(lambda _: Status(500, {"error": {"message": "boom"}})) as fake:
         client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=1)
-        turn = await complete(OpenAIChatModel(client, "m"), ModelRequest(items=[_user("hi")]))
-    assert turn.item.text == "fine"
-    assert fake.count == 2
+        with pytest.raises(ProviderUnavailableError):
+            await complete(OpenAIChatModel(client, "m"), ModelRequest(items=[_user("hi")]))
+    assert fake.count == 1
 
 
 async def test_keep_alive_serves_calls_on_one_connection_and_a_drop_closes_it() -> None:

@@ -41,7 +41,7 @@ from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._memo import encode_json, transcript_bytes, transcript_json
-from ._middleware import Middleware, ModelCall, Turn, chain
+from ._middleware import Middleware, ModelCall, ProviderRetry, Turn, chain
 from ._tools import Tool, ToolRegistry
 from ._toolstep import ToolStep
 
@@ -53,6 +53,11 @@ log = logging.getLogger("plexus.llm")
 TRANSCRIPT_KEY = "plexus.llm.transcript"
 #: Metadata key on the reply's blocks: why the loop stopped (a FinishReasonKind value or ``max_turns``).
 FINISH_KEY = "plexus.llm.finish"
+
+
+#: `LLMAgent`'s default ``provider_retry``: three calls, 0.5 s then 1 s apart (or the provider's
+#: ``retry-after``, at most 30 s).
+_DEFAULT_PROVIDER_RETRY = ProviderRetry()
 
 
 class ModelFinishedWithError(ProviderError):
@@ -70,6 +75,9 @@ class LLMAgent(Agent):
     Cancellation and preemption are always as known now. ``max_transcript_bytes``: before each model call the
     transcript's JSON must be at most this large (`TranscriptTooLargeError` otherwise, no call made): the
     state holding it is stored in one NATS message (1 MiB by default); None turns the check off.
+    ``provider_retry``: retries of a model call on a 429 or 5xx, in the handler (`ProviderRetry`; the
+    adapters turn the SDK's own retries off); left out when ``middleware`` has a `ProviderRetry` of its
+    own, None for none. Once it gives up, the error is the run's RetryPolicy's to retry (docs/llm.md).
     """
 
     def __init__(
@@ -84,6 +92,7 @@ class LLMAgent(Agent):
         journal: bool = True,
         compaction: CompactionPipeline | None = None,
         middleware: Sequence[Middleware] = (),
+        provider_retry: ProviderRetry | None = _DEFAULT_PROVIDER_RETRY,
         check_max_age: float = 0.5,
         max_transcript_bytes: int | None = 512 * 1024,
     ) -> None:
@@ -105,6 +114,11 @@ class LLMAgent(Agent):
         self.journal_enabled = journal
         self.compaction = compaction
         self.middleware = list(middleware)
+        own = any(isinstance(m, ProviderRetry) for m in self.middleware)
+        #: The model stage's chain: the default retry outermost, so each retry passes the other middleware.
+        self._model_middleware = (
+            self.middleware if own or provider_retry is None else [provider_retry, *self.middleware]
+        )
         #: Decisions on approval-gated calls while a resumed tool step runs (call id -> decision).
         self._decisions: dict[str, dict[str, Any]] = {}
         #: Where this activation saw the journal end after its last completed message (None: unknown).
@@ -359,7 +373,7 @@ class LLMAgent(Agent):
         async def call_model(call: ModelCall) -> ModelTurn:
             return await _race_cancellation(ctx, self._stream_turn(ctx, call.request))
 
-        call = chain("model", self.middleware, call_model)
+        call = chain("model", self._model_middleware, call_model)
         if journal is not None:
             await journal.settle()  # a model call follows only stored steps: no crash pays for one twice
         turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model))

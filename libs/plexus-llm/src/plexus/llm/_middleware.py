@@ -91,7 +91,12 @@ def chain(stage: str, middleware: Sequence[Middleware], final: Callable[[Any], A
 @dataclass
 class ProviderRetry(Middleware):
     """Retry a model call on `RateLimitError` and `ProviderUnavailableError`: wait the provider's
-    ``retry_after_s`` when given, else ``base_s * 2**attempt`` (capped at ``max_s``)."""
+    ``retry_after_s`` when given, else ``base_s * 2**attempt``, both capped at ``max_s``.
+
+    `LLMAgent` puts one in front of its middleware unless given its own. The cap bounds how long one
+    handler holds its agent's mailbox; a provider asking for longer gets its request again earlier, and
+    when the retries run out the error goes to the run's RetryPolicy, whose backoff can be longer.
+    """
 
     attempts: int = 3
     base_s: float = 0.5
@@ -108,9 +113,8 @@ class ProviderRetry(Middleware):
             except (RateLimitError, ProviderUnavailableError) as exc:
                 if attempt + 1 >= self.attempts:
                     raise
-                wait = getattr(exc, "retry_after_s", None)
-                if wait is None:
-                    wait = min(self.max_s, self.base_s * 2**attempt)
+                after = getattr(exc, "retry_after_s", None)
+                wait = min(self.max_s, self.base_s * 2**attempt if after is None else after)
                 log.info("model call failed (%s); retry %d in %.2f s", exc.error_type, attempt + 1, wait)
                 await context.ctx.check()
                 await self.sleep(wait)

@@ -61,7 +61,11 @@ class OpenAIChatModel:
     """A `ModelClient` over ``AsyncOpenAI.chat.completions`` with ``stream=True``."""
 
     def __init__(self, client: openai.AsyncOpenAI, model: str) -> None:
-        self._client = client
+        # Retries are Plexus's (`ProviderRetry`, then the run's RetryPolicy): the SDK's own would stack under
+        # them (3 x 3 calls) and hide each failure from the journal and the logs. A stand-in without
+        # ``with_options`` (a recording in the benchmarks) is used as it is.
+        with_options = getattr(client, "with_options", None)
+        self._client = with_options(max_retries=0) if with_options is not None else client
         self._model = model
 
     @property

@@ -391,7 +391,8 @@ class Engine(SpawnSupport):
         if rep.decision == "exhausted":
             error = AgentCrashError(run_id, agent).to_wire()
             return await self._end_run(record, Ending(RunStatus.FAILED, "crash_exhausted", error))
-        reason = f"attempt {rep.attempt - 1} crashed; attempt {rep.attempt} in {rep.backoff_s:g}s"
+        failed = f"failed with {rep.cause}" if rep.cause else "crashed"
+        reason = f"attempt {rep.attempt - 1} {failed}; attempt {rep.attempt} in {rep.backoff_s:g}s"
 
         def retry(rec: RunRecord) -> bool:
             if rec.status in TERMINAL or rec.attempts >= rep.attempt:

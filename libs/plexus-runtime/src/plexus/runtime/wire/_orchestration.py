@@ -237,7 +237,8 @@ class FinishedReport(msgspec.Struct, omit_defaults=True, kw_only=True):
 
 
 class CrashReport(msgspec.Struct, omit_defaults=True, kw_only=True):
-    """A worker saw a crashed attempt (attempt counter > 1) and what it decided."""
+    """A worker saw a crashed attempt (attempt counter > 1), or an attempt that failed with a retryable error
+    (``cause``: its error type), and what it decided."""
 
     run_id: str
     agent_id: str
@@ -245,6 +246,7 @@ class CrashReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     attempt: int
     decision: Literal["retry", "exhausted"]
     backoff_s: float = 0.0
+    cause: str = ""  # empty: the attempt crashed (its worker died or lost its lease)
 
 
 class CancelRequest(msgspec.Struct, kw_only=True):

@@ -1,6 +1,7 @@
 """Interceptors that make orchestrated runs obey the orchestrator: run control (cancellation, deadlines and
 budget failures broadcast for the whole tree, and terminal runs for agents that start later) and retries
-(crashed attempts detected with a per-message attempt counter; handler exceptions retried by policy).
+(crashed attempts detected with a per-message attempt counter; handler exceptions and recoverable
+KernelErrors retried by policy).
 
 Both only act on envelopes whose `RunInfo.orchestrated` is set; other messages pass straight through. They
 live with the worker, not in `interceptors/`, because they talk to the orchestrator (`client/_cluster.py`).
@@ -32,7 +33,7 @@ from plexus.runtime.wire._subjects import escape_token
 
 from ._steps import LeaseLost
 
-__all__ = ["RetriesExhausted", "RetryInterceptor", "RunControlInterceptor"]
+__all__ = ["RetriesExhausted", "RetryInterceptor", "RunControlInterceptor", "retryable"]
 
 log = logging.getLogger("plexus.worker")
 
@@ -132,6 +133,16 @@ class RetriesExhausted(Exception):
         super().__init__(str(error))
 
 
+def retryable(exc: KernelError) -> bool:
+    """Whether a handler's typed error may be retried by the run's policy at all (the policy then decides).
+
+    Only recoverable errors: a provider's 429 or 5xx, a store outage, a reply that did not come in time.
+    Typed outcomes (budget, cancellation, spawn denial, a guardrail, a bad request) fail the same way
+    again. An `AgentCrashError` reaching a handler is a callee whose crash retries are spent already.
+    """
+    return exc.recoverable and not isinstance(exc, AgentCrashError)
+
+
 class RetryInterceptor(Interceptor):
     """Retries by the run's RetryPolicy.
 
@@ -139,8 +150,9 @@ class RetryInterceptor(Interceptor):
       attempt counter (`Nats-Incr`, atomic). A count above 1 means an earlier attempt died with its worker
       (or lost its lease). Within `max_retries` the handler runs again after the backoff, from the agent's
       last checkpoint; beyond it the worker dead-letters the message and the caller gets AgentCrashError.
-    - Handler exceptions (HandlerError) are retried in place only if the policy allows it, after the
-      agent's state is restored from its checkpoint.
+    - Handler exceptions (HandlerError) and recoverable KernelErrors (`retryable`) are retried in place if
+      the policy allows it, after the backoff and after the agent's state is restored from its checkpoint;
+      each retry is reported to the orchestrator (the run's ``attempts``).
     """
 
     def __init__(
@@ -177,19 +189,28 @@ class RetryInterceptor(Interceptor):
         while True:
             try:
                 return await call_next(inp)
-            except (KernelError, LeaseLost):
-                # Typed outcomes (budget, cancellation, denial) are results, not crashes; a lost lease means
-                # the partition's new owner runs the message: retrying here would only hold the key's mailbox.
+            except LeaseLost:
+                # The partition's new owner runs the message: retrying here would only hold the key's mailbox.
                 raise
+            except KernelError as exc:
+                failures += 1
+                if not retryable(exc) or not policy.should_retry(exc, failures):
+                    raise
+                cause = exc.error_type
             except Exception as exc:
                 failures += 1
                 if not policy.should_retry("HandlerError", failures):
                     raise
-                log.info("retrying %s after %s (failure %d)", inp.agent.id, type(exc).__name__, failures)
-                await self.sleep(policy.backoff(failures))
-                await self.reload(inp.ctx)
+                cause = type(exc).__name__
+            backoff = policy.backoff(failures)
+            log.info("retrying %s after %s (failure %d)", inp.agent.id, cause, failures)
+            await self._report(inp, crashes + 1 + failures, "retry", backoff, cause)
+            await self.sleep(backoff)
+            await self.reload(inp.ctx)
 
-    async def _report(self, inp: HandleInput, attempt: int, decision: str, backoff: float) -> None:
+    async def _report(
+        self, inp: HandleInput, attempt: int, decision: str, backoff: float, cause: str = ""
+    ) -> None:
         run = inp.envelope.run
         assert run is not None
         report = CrashReport(
@@ -199,6 +220,7 @@ class RetryInterceptor(Interceptor):
             attempt=attempt,
             decision=decision,  # type: ignore[arg-type]
             backoff_s=backoff,
+            cause=cause,
         )
         with contextlib.suppress(KernelError):  # visibility only: the decision stands without the service
             await self.client.call("crashed", report, dict, namespace=inp.agent.id.namespace)
