@@ -8,6 +8,7 @@ role. Nothing set means the open development mode of `make run`.
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import ssl
@@ -33,6 +34,20 @@ _INBOX_RE = re.compile(r"_INBOX(?:\.[A-Za-z0-9_-]+)+")
 
 class NatsAuthError(ValueError):
     """Credential or TLS settings that cannot work together (the message names the setting)."""
+
+
+class _DropSslEofWarning(logging.Filter):
+    # asyncio warns on every TLS connection that nats-py's stream protocol asks to keep a half-closed socket
+    # open (which TLS cannot do); it says nothing about the connection, yet every TLS process printed it.
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("returning true from eof_received()")
+
+
+_SSL_EOF_FILTER = _DropSslEofWarning()
+
+
+def _quiet_ssl_eof_warning() -> None:
+    logging.getLogger("asyncio").addFilter(_SSL_EOF_FILTER)  # idempotent: a logger holds a filter once
 
 
 @dataclass(frozen=True)
@@ -80,6 +95,7 @@ class NatsAuth:
     def ssl_context(self) -> ssl.SSLContext | None:
         if self.tls_ca is None:
             return None
+        _quiet_ssl_eof_warning()
         context = ssl.create_default_context(ssl.Purpose.SERVER_AUTH, cafile=self.tls_ca)
         if self.tls_cert is not None and self.tls_key is not None:
             context.load_cert_chain(self.tls_cert, self.tls_key)

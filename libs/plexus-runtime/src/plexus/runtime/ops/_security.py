@@ -8,6 +8,7 @@ Output directory layout::
     tls/server.pem, server-key.pem, tls/route.pem, route-key.pem
     tls/<tenant>-<role>.pem/-key.pem   client certificates (with --mtls)
     env/<tenant>/<role>.env    PLEXUS_NATS_* for that identity (mode 0600: it holds the password)
+    env/SYS.env                the system account's user (server monitoring), mode 0600
 
 Production deployments bring their own CA and certificates; the development CA is for tests and for trying
 the secured mode on one machine.
@@ -46,6 +47,8 @@ class SecurityLayout:
     route_key: Path | None
     users: dict[str, dict[str, str]] = field(default_factory=dict)  # tenant -> role -> user
     env_files: dict[str, dict[str, Path]] = field(default_factory=dict)
+    #: The system account's user ``sys`` (server monitoring only: no JetStream, no tenant's subjects).
+    sys_env: Path | None = None
 
     def env(self, tenant: str, role: str) -> dict[str, str]:
         """The ``PLEXUS_NATS_*`` variables of one identity."""
@@ -153,6 +156,14 @@ def security_init(
                     client_certs[(tenant, role)] = (cert, key)
     sys_password = secrets.token_urlsafe(24)
     accounts = [f'  SYS {{ users: [ {{ user: "sys", password: {json.dumps(_bcrypt(sys_password))} }} ] }}']
+    # The system account's user (server monitoring over `$SYS.REQ.>`, e.g. `nats server list`).
+    sys_env = {ENV_VARS["user"]: "sys", ENV_VARS["password"]: sys_password}
+    if layout.ca is not None:
+        sys_env[ENV_VARS["tls_ca"]] = str(layout.ca)
+    layout.sys_env = directory / "env" / "SYS.env"
+    layout.sys_env.parent.mkdir(parents=True, exist_ok=True)
+    layout.sys_env.write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in sys_env.items()))
+    os.chmod(layout.sys_env, 0o600)
     for tenant in tenants:
         users = []
         layout.users[tenant] = {}
@@ -281,9 +292,10 @@ def _init_command(args: argparse.Namespace) -> int:
     for tenant, files in layout.env_files.items():
         for role, path in files.items():
             print(f"  {tenant}/{role}: {path}")
+    print(f"  SYS (server monitoring): {layout.sys_env}")
     first = args.tenant[0]
     print(
         "create the topology once as the operator: "
-        f"(set -a; . {layout.env_files[first]['operator']}; plexus types --nats URL)"
+        f"(set -a; . {layout.env_files[first]['operator']}; plexus topology --replicas 3 --nats URL)"
     )
     return 0
