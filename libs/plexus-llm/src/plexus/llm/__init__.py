@@ -2,7 +2,8 @@
 
 Public API (the ``_modules`` are private):
 
-- the model boundary: `ModelClient`, `ModelRequest`, `ToolSpec`, `complete`, the stream events, and
+- the model boundary: `ModelClient`, `ModelRequest` (its `ModelSettings`: `UnsupportedSettingError` for one a
+  provider cannot honour), `ToolSpec`, `complete`, the stream events, and
   `TurnAccumulator` / `ModelTurn` (tool calls accumulated by index)
 - typed provider errors: `ProviderError` and its subclasses
 - adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``),
@@ -62,6 +63,7 @@ from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._scripted import ScriptedModel, ScriptedTurn, ScriptExhaustedError
+from ._settings import ModelSettings, UnsupportedSettingError
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
 
 __all__ = [
@@ -91,6 +93,7 @@ __all__ = [
     "ModelEvent",
     "ModelFinishedWithError",
     "ModelRequest",
+    "ModelSettings",
     "ModelTurn",
     "NoPendingApprovalError",
     "OpenAIChatModel",
@@ -117,6 +120,7 @@ __all__ = [
     "TranscriptTooLargeError",
     "Turn",
     "TurnAccumulator",
+    "UnsupportedSettingError",
     "UsageEvent",
     "anthropic_messages",
     "anthropic_request",

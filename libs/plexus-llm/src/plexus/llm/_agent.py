@@ -42,6 +42,7 @@ from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._memo import encode_json, transcript_bytes, transcript_json
 from ._middleware import Middleware, ModelCall, ProviderRetry, Turn, chain
+from ._settings import TOOL_CHOICES, ModelSettings
 from ._tools import Tool, ToolRegistry
 from ._toolstep import ToolStep
 
@@ -78,6 +79,9 @@ class LLMAgent(Agent):
     ``provider_retry``: retries of a model call on a 429 or 5xx, in the handler (`ProviderRetry`; the
     adapters turn the SDK's own retries off); left out when ``middleware`` has a `ProviderRetry` of its
     own, None for none. Once it gives up, the error is the run's RetryPolicy's to retry (docs/llm.md).
+    ``settings``: `ModelSettings` sent with every model call (its ``max_tokens``/``temperature`` win over the
+    arguments); a model middleware overrides them per call (``request.with_settings``). The model's adapter
+    refuses here what its provider cannot honour (`UnsupportedSettingError`).
     """
 
     def __init__(
@@ -95,6 +99,7 @@ class LLMAgent(Agent):
         provider_retry: ProviderRetry | None = _DEFAULT_PROVIDER_RETRY,
         check_max_age: float = 0.5,
         max_transcript_bytes: int | None = 512 * 1024,
+        settings: ModelSettings | None = None,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -111,6 +116,8 @@ class LLMAgent(Agent):
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.temperature = temperature
+        self.settings = settings if settings is not None else ModelSettings()
+        self._check_settings()
         self.journal_enabled = journal
         self.compaction = compaction
         self.middleware = list(middleware)
@@ -266,6 +273,21 @@ class LLMAgent(Agent):
         await checked  # the first step needs no check of its own now (check_max_age)
         return journal
 
+    def _check_settings(self) -> None:
+        """Refuse, now, settings the model's provider cannot honour (its adapter's ``check_settings`` raises
+        `UnsupportedSettingError`) and a ``tool_choice`` naming no tool of this agent."""
+        choice = self.settings.tool_choice
+        if choice is not None and choice not in TOOL_CHOICES and self.tools.get(choice) is None:
+            raise ValueError(
+                f"settings.tool_choice {choice!r} is none of {TOOL_CHOICES} nor a tool of this agent"
+            )
+        check = getattr(self.model, "check_settings", None)
+        if check is not None:
+            request = ModelRequest(
+                items=(), max_tokens=self.max_tokens, temperature=self.temperature, settings=self.settings
+            )
+            check(request)
+
     def _check_size(self, items: list[Item]) -> None:
         """Refuse a model call whose turn the agent's state could not store (it is committed whole, and a
         NATS message holds 1 MiB by default): the call would be paid for, then the commit fail, every time."""
@@ -367,6 +389,7 @@ class LLMAgent(Agent):
             tools=self.tools.specs,
             max_tokens=self.max_tokens,
             temperature=self.temperature,
+            settings=self.settings,
         )
         started = time.monotonic()
 

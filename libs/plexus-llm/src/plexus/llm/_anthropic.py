@@ -51,6 +51,7 @@ from ._events import (
 )
 from ._fold import PrefixFold
 from ._openai import _retry_after
+from ._settings import ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
 if TYPE_CHECKING:
     import anthropic
@@ -58,6 +59,8 @@ if TYPE_CHECKING:
 __all__ = ["AnthropicModel", "anthropic_messages", "anthropic_request", "anthropic_tools"]
 
 _SYSTEM_KINDS = (ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT)
+_TOOL_CHOICES = {"auto": {"type": "auto"}, "none": {"type": "none"}, "required": {"type": "any"}}
+_SERVICE_TIERS = ("auto", "standard_only")
 
 
 class AnthropicModel:
@@ -70,17 +73,23 @@ class AnthropicModel:
         with_options = getattr(client, "with_options", None)
         self._client = with_options(max_retries=0) if with_options is not None else client
         self._model = model
+        self._settings = SettingsCache(_settings_kwargs)
 
     @property
     def model(self) -> str:
         return self._model
+
+    def check_settings(self, request: ModelRequest) -> None:
+        """Refuse a setting of ``request`` the Messages API cannot honour (`UnsupportedSettingError`), and map
+        its settings now: `LLMAgent` calls this when built, so its turns find them mapped."""
+        self._settings(request.settings, request.max_tokens, request.temperature)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         # Imported here, not at the top: the SDK takes ≈ 2.5 s to import, paid only by a process that calls it
         # (whoever built the client has imported it already).
         import anthropic
 
-        body = _request(self._model, request)
+        body = _request(self._model, request, self._settings)
         parser = _EventParser()
         try:
             events = await self._client.messages.create(**body)
@@ -100,26 +109,83 @@ class AnthropicModel:
 
 def anthropic_request(model: str, request: ModelRequest) -> dict[str, Any]:
     """The JSON body (as keyword arguments of ``messages.create``) for ``request``; the caller's to change."""
-    return copy.deepcopy(_request(model, request))
+    return copy.deepcopy(_request(model, request, SettingsCache(_settings_kwargs, size=1)))
 
 
-def _request(model: str, request: ModelRequest) -> dict[str, Any]:
-    """`anthropic_request`, sharing its parts with the per-item memo and the tools (what `stream` sends)."""
+def _request(model: str, request: ModelRequest, settings: SettingsCache) -> dict[str, Any]:
+    """`anthropic_request`, sharing its parts with the per-item memo, the tools and the settings' mapping
+    (what `stream` sends)."""
+    always, with_tools = settings(request.settings, request.max_tokens, request.temperature)
     system, messages = _messages(request.items)
-    body: dict[str, Any] = {
-        "model": model,
-        "max_tokens": request.max_tokens,
-        "messages": messages,
-        "stream": True,
-    }
+    body: dict[str, Any] = {"model": model, "messages": messages, "stream": True, **always}
     if system:
         body["system"] = system
     if request.tools:
         body["tools"] = anthropic_tools(request.tools)
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
+        body.update(with_tools)
     body.update(request.extra)
     return body
+
+
+def _refuse(setting: str, why: str) -> UnsupportedSettingError:
+    return UnsupportedSettingError(f"{setting} {why}", setting, "anthropic")
+
+
+def _settings_kwargs(settings: ModelSettings, max_tokens: int, temperature: float | None) -> ProviderKwargs:
+    """`ModelSettings` as ``messages.create`` keywords (``extra_body`` is the SDK's own)."""
+    s = settings
+    if s.seed is not None:
+        raise _refuse("seed", "is not a setting of the anthropic messages API")
+    if s.reasoning_effort is not None:
+        raise _refuse("reasoning_effort", "is OpenAI's; anthropic thinks with a budget (set thinking_budget)")
+    if s.service_tier is not None and s.service_tier not in _SERVICE_TIERS:
+        raise _refuse("service_tier", f"{s.service_tier!r} is not one of anthropic's {_SERVICE_TIERS}")
+    limit = s.max_tokens if s.max_tokens is not None else max_tokens
+    temperature = s.temperature if s.temperature is not None else temperature
+    always: dict[str, Any] = {"max_tokens": limit}
+    if s.thinking_budget is not None:
+        # The API's rules for extended thinking, refused here rather than by a 400 on every call.
+        if s.thinking_budget >= limit:
+            raise _refuse(
+                "thinking_budget", f"({s.thinking_budget}) must be below max_tokens ({limit}) on anthropic"
+            )
+        if temperature is not None and temperature != 1:
+            raise _refuse(
+                "temperature", "cannot be changed with extended thinking (thinking_budget) on anthropic"
+            )
+        if s.top_p is not None and s.top_p < 0.95:
+            raise _refuse(
+                "top_p", "must be at least 0.95 with extended thinking (thinking_budget) on anthropic"
+            )
+        if s.tool_choice not in (None, "auto", "none"):
+            raise _refuse(
+                "tool_choice",
+                "can only be auto or none with extended thinking (thinking_budget) on anthropic",
+            )
+        always["thinking"] = {"type": "enabled", "budget_tokens": s.thinking_budget}
+    if s.stop is not None:
+        always["stop_sequences"] = list(s.stop)
+    if s.service_tier is not None:
+        always["service_tier"] = s.service_tier
+    # The SDK's ``messages.create`` has no temperature or top_p keywords (any more): they go in its
+    # ``extra_body``, which it merges into the JSON body under these same names.
+    extra: dict[str, Any] = {}
+    if temperature is not None:
+        extra["temperature"] = temperature
+    if s.top_p is not None:
+        extra["top_p"] = s.top_p
+    extra.update(s.extra_body or {})
+    if extra:
+        always["extra_body"] = extra
+    with_tools: dict[str, Any] = {}
+    if s.tool_choice is not None or s.parallel_tool_calls is not None:
+        choice = s.tool_choice or "auto"
+        tool_choice: dict[str, Any] = dict(_TOOL_CHOICES.get(choice) or {"type": "tool", "name": choice})
+        # {"type": "none"} takes no disable_parallel_tool_use (no call, nothing in parallel).
+        if s.parallel_tool_calls is not None and choice != "none":
+            tool_choice["disable_parallel_tool_use"] = not s.parallel_tool_calls
+        with_tools["tool_choice"] = tool_choice
+    return always, with_tools
 
 
 def anthropic_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 from plexus.core import Item, ItemKind, JsonValue, TextBlock, ToolResultBlock
 
 from ._accumulate import ModelTurn, TurnAccumulator
 from ._events import ModelEvent
+from ._settings import ModelSettings
 
 __all__ = ["ModelClient", "ModelRequest", "ToolSpec", "complete"]
+
+#: A request's settings when none are given: one shared (frozen) value.
+_NO_SETTINGS = ModelSettings()
 
 
 @dataclass(frozen=True)
@@ -25,7 +29,8 @@ class ToolSpec:
 
 @dataclass(frozen=True)
 class ModelRequest:
-    """One model call: the transcript, the tools on offer and the sampling settings."""
+    """One model call: the transcript, the tools on offer and the sampling settings (``settings``' values
+    win over ``max_tokens`` and ``temperature``)."""
 
     items: Sequence[Item]
     tools: Sequence[ToolSpec] = ()
@@ -33,6 +38,11 @@ class ModelRequest:
     temperature: float | None = None
     #: Provider-specific request fields merged last (e.g. ``{"thinking": {...}}`` for Anthropic).
     extra: dict[str, JsonValue] = field(default_factory=dict)
+    settings: ModelSettings = _NO_SETTINGS
+
+    def with_settings(self, settings: ModelSettings) -> ModelRequest:
+        """This request with ``settings``' set values winning over its own (a model middleware's override)."""
+        return replace(self, settings=self.settings.merged(settings))
 
     def last_user_text(self) -> str:
         """The text of the last user item ('' when there is none): what the current message asked."""

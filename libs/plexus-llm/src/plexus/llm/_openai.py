@@ -4,10 +4,11 @@ over the official ``openai`` SDK, which owns the transport, retries and SSE pars
 from __future__ import annotations
 
 import copy
+import functools
 import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx2
 
@@ -47,6 +48,7 @@ from ._events import (
     UsageEvent,
 )
 from ._fold import PrefixFold
+from ._settings import TOOL_CHOICES, ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
 if TYPE_CHECKING:
     import openai
@@ -57,27 +59,43 @@ _SYSTEM_KINDS = (ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT)
 _AUDIO_FORMATS = {"audio/wav": "wav", "audio/x-wav": "wav", "audio/mpeg": "mp3", "audio/mp3": "mp3"}
 
 
-class OpenAIChatModel:
-    """A `ModelClient` over ``AsyncOpenAI.chat.completions`` with ``stream=True``."""
+MaxTokensField = Literal["max_tokens", "max_completion_tokens"]
 
-    def __init__(self, client: openai.AsyncOpenAI, model: str) -> None:
+
+class OpenAIChatModel:
+    """A `ModelClient` over ``AsyncOpenAI.chat.completions`` with ``stream=True``.
+
+    ``max_tokens_field``: the wire name of the output limit. ``max_tokens`` (the default) is what the
+    compatible servers (vLLM, Ollama, LM Studio) know; OpenAI's own API has deprecated it for
+    ``max_completion_tokens`` and its reasoning models refuse it.
+    """
+
+    def __init__(
+        self, client: openai.AsyncOpenAI, model: str, *, max_tokens_field: MaxTokensField = "max_tokens"
+    ) -> None:
         # Retries are Plexus's (`ProviderRetry`, then the run's RetryPolicy): the SDK's own would stack under
         # them (3 x 3 calls) and hide each failure from the journal and the logs. A stand-in without
         # ``with_options`` (a recording in the benchmarks) is used as it is.
         with_options = getattr(client, "with_options", None)
         self._client = with_options(max_retries=0) if with_options is not None else client
         self._model = model
+        self._settings = SettingsCache(functools.partial(_settings_kwargs, max_tokens_field))
 
     @property
     def model(self) -> str:
         return self._model
+
+    def check_settings(self, request: ModelRequest) -> None:
+        """Refuse a setting of ``request`` Chat Completions cannot honour (`UnsupportedSettingError`), and map
+        its settings now: `LLMAgent` calls this when built, so its turns find them mapped."""
+        self._settings(request.settings, request.max_tokens, request.temperature)
 
     async def stream(self, request: ModelRequest) -> AsyncIterator[ModelEvent]:
         # Imported here, not at the top: the SDK takes ≈ 1 s to import, paid only by a process that calls it
         # (whoever built the client has imported it already).
         import openai
 
-        body = _request(self._model, request)
+        body = _request(self._model, request, self._settings)
         finished = False
         try:
             chunks = await self._client.chat.completions.create(**body)
@@ -98,28 +116,66 @@ class OpenAIChatModel:
             raise ProviderUnavailableError("stream ended without a finish reason", "openai", 0)
 
 
-def openai_request(model: str, request: ModelRequest) -> dict[str, Any]:
+def openai_request(
+    model: str, request: ModelRequest, *, max_tokens_field: MaxTokensField = "max_tokens"
+) -> dict[str, Any]:
     """The JSON body (as keyword arguments of ``chat.completions.create``) for ``request``; the caller's to
     change."""
-    return copy.deepcopy(_request(model, request))
+    settings = SettingsCache(functools.partial(_settings_kwargs, max_tokens_field), size=1)
+    return copy.deepcopy(_request(model, request, settings))
 
 
-def _request(model: str, request: ModelRequest) -> dict[str, Any]:
-    """`openai_request`, sharing its parts with the per-item memo and the tools (what `stream` sends)."""
+def _request(model: str, request: ModelRequest, settings: SettingsCache) -> dict[str, Any]:
+    """`openai_request`, sharing its parts with the per-item memo, the tools and the settings' mapping (what
+    `stream` sends)."""
+    always, with_tools = settings(request.settings, request.max_tokens, request.temperature)
     body: dict[str, Any] = {
         "model": model,
         "messages": _messages(request.items),
         "stream": True,
         "stream_options": {"include_usage": True},
-        # max_tokens, not max_completion_tokens: the compatible servers (vLLM, Ollama, LM Studio) know it.
-        "max_tokens": request.max_tokens,
+        **always,
     }
     if request.tools:
         body["tools"] = openai_tools(request.tools)
-    if request.temperature is not None:
-        body["temperature"] = request.temperature
+        body.update(with_tools)
     body.update(request.extra)
     return body
+
+
+def _settings_kwargs(
+    max_tokens_field: str, settings: ModelSettings, max_tokens: int, temperature: float | None
+) -> ProviderKwargs:
+    """`ModelSettings` as ``chat.completions.create`` keywords (``extra_body`` is the SDK's own)."""
+    if settings.thinking_budget is not None:
+        raise UnsupportedSettingError(
+            "thinking_budget is Anthropic's extended thinking; openai chat completions has none (set "
+            "reasoning_effort instead)",
+            "thinking_budget",
+            "openai",
+        )
+    s = settings
+    always: dict[str, Any] = {max_tokens_field: s.max_tokens if s.max_tokens is not None else max_tokens}
+    temperature = s.temperature if s.temperature is not None else temperature
+    if temperature is not None:
+        always["temperature"] = temperature
+    for name in ("top_p", "seed", "reasoning_effort", "service_tier"):
+        if (value := getattr(s, name)) is not None:
+            always[name] = value
+    if s.stop is not None:
+        always["stop"] = list(s.stop)
+    if s.extra_body:
+        always["extra_body"] = dict(s.extra_body)
+    # The API refuses both without tools: they are added only to a request offering some.
+    with_tools: dict[str, Any] = {}
+    if s.parallel_tool_calls is not None:
+        with_tools["parallel_tool_calls"] = s.parallel_tool_calls
+    if s.tool_choice is not None:
+        choice = s.tool_choice
+        with_tools["tool_choice"] = (
+            choice if choice in TOOL_CHOICES else {"type": "function", "function": {"name": choice}}
+        )
+    return always, with_tools
 
 
 def openai_tools(tools: Sequence[ToolSpec]) -> list[dict[str, Any]]:
