@@ -12,7 +12,7 @@ from pathlib import Path
 
 import plexus
 from plexus.core import KernelError
-from plexus.core._error_homes import ERROR_HOMES
+from plexus.core._error_homes import ERROR_PACKAGES
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -33,10 +33,11 @@ def _plexus_kernel_errors() -> dict[str, str]:
     return found
 
 
-def test_the_table_names_every_kernel_error_of_the_plexus_packages_and_its_home() -> None:
+def test_every_kernel_error_of_the_plexus_packages_lives_in_a_package_the_decoder_imports() -> None:
     found = _plexus_kernel_errors()
-    assert "RateLimitError" in found  # the walk reached plexus.llm
-    assert dict(ERROR_HOMES) == found
+    assert found["RateLimitError"] == "plexus.llm"  # the walk reached plexus.llm
+    assert found["RunNotFoundError"] == "plexus.runtime"
+    assert {name: home for name, home in found.items() if home not in ERROR_PACKAGES} == {}
 
 
 _CLIENT = """

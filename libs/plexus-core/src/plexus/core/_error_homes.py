@@ -1,11 +1,12 @@
 """Where the KernelErrors of the other Plexus packages live, so that any process rebuilds them as their class.
 
 An error crosses processes as its type name (`KernelError.to_wire`); the receiver finds the class in the
-registry its definition filled in. A client that never imported ``plexus.llm`` has no `RateLimitError` there,
-so `KernelError.from_wire` asks `import_home` to import the type's package first, once, if it is installed.
-plexus.core never imports upward at import time (the layers contract): the table names packages as data.
-Keyed by the stable error_type (the class name); tests/core/test_error_homes.py checks that it covers every
-KernelError subclass of the Plexus packages.
+registry its definition filled in. A client that never imported ``plexus.llm`` has no `RateLimitError`
+there, so when `KernelError.from_wire` meets a type it does not know, `import_error_packages` imports the
+Plexus packages that define KernelErrors (those installed, each once) and the lookup is tried again.
+plexus.core never imports upward at import time (the layers contract): the packages are named here as data.
+Packages, not one entry per error type, so that a new error class needs no entry; tests/core/
+test_error_homes.py checks that every KernelError subclass of the Plexus packages lives in one of them.
 """
 
 from __future__ import annotations
@@ -13,55 +14,29 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-from collections.abc import Mapping
-from types import MappingProxyType
 
-__all__ = ["ERROR_HOMES", "import_home"]
+__all__ = ["ERROR_PACKAGES", "import_error_packages"]
 
 log = logging.getLogger("plexus.core")
 
-_RUNTIME = "plexus.runtime"
-_LLM = "plexus.llm"
+#: The public packages whose import defines every KernelError outside plexus.core.
+ERROR_PACKAGES: tuple[str, ...] = ("plexus.runtime", "plexus.llm")
 
-#: error_type -> the public package whose import defines it.
-ERROR_HOMES: Mapping[str, str] = MappingProxyType(
-    {
-        "ArtifactNotFoundError": _RUNTIME,
-        "CheckpointConflictError": _RUNTIME,
-        "InvalidRunRequest": _RUNTIME,
-        "PayloadTooLargeError": _RUNTIME,
-        "RunNotFoundError": _RUNTIME,
-        "RunStateError": _RUNTIME,
-        "ServiceUnavailableError": _RUNTIME,
-        "TopologyConflictError": _RUNTIME,
-        "ApprovalPendingError": _LLM,
-        "AuthenticationError": _LLM,
-        "BadRequestError": _LLM,
-        "ContextTooLongError": _LLM,
-        "ModelFinishedWithError": _LLM,
-        "NoPendingApprovalError": _LLM,
-        "ProviderError": _LLM,
-        "ProviderProtocolError": _LLM,
-        "ProviderUnavailableError": _LLM,
-        "RateLimitError": _LLM,
-        "ScriptExhaustedError": _LLM,
-        "TranscriptTooLargeError": _LLM,
-    }
-)
-
-_unavailable: set[str] = set()  # packages that failed to import: not tried again for every error
+_unavailable: set[str] = set()  # failed to import: not tried again for every unknown error
 
 
-def import_home(error_type: str) -> bool:
-    """Import the package that defines `error_type`; False when none is known, it was imported already (so
-    the type is not its), or it is not installed. Never raises: the caller is decoding someone's bytes."""
-    home = ERROR_HOMES.get(error_type)
-    if home is None or home in sys.modules or home in _unavailable:
-        return False
-    try:
-        importlib.import_module(home)
-    except Exception as exc:  # not installed, or broken: the error stays a RemoteKernelError
-        _unavailable.add(home)
-        log.info("cannot import %s for %s: %s", home, error_type, exc)
-        return False
-    return True
+def import_error_packages() -> bool:
+    """Import the `ERROR_PACKAGES` not imported yet; True if one was. Never raises: the caller is decoding
+    someone else's bytes, and a package that is not installed simply defines nothing here."""
+    imported = False
+    for name in ERROR_PACKAGES:
+        if name in sys.modules or name in _unavailable:
+            continue
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # not installed, or broken: its errors stay RemoteKernelError
+            _unavailable.add(name)
+            log.info("cannot import %s to rebuild its errors: %s", name, exc)
+            continue
+        imported = True
+    return imported

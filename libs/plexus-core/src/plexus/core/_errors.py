@@ -13,7 +13,7 @@ import difflib
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from ._error_homes import import_home
+from ._error_homes import import_error_packages
 
 if TYPE_CHECKING:
     from ._content import ErrorBlock
@@ -117,7 +117,7 @@ class KernelError(Exception):
             problem = f"'fields' of {error_type} must be an object"
             return _unbuildable(error_type, message, {"_wire": dict(data)}, problem)
         cls = _REGISTRY.get(error_type)
-        if cls is None and import_home(error_type):  # a Plexus package's error its client never imported
+        if cls is None and import_error_packages():  # an error of a Plexus package never imported here
             cls = _REGISTRY.get(error_type)
         if cls is None or cls is RemoteKernelError:
             return RemoteKernelError(error_type, message, dict(fields))
