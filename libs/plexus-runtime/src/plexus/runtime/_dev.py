@@ -19,6 +19,8 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from plexus.core import KernelError
+
 from ._app import App
 from .client._client import Runtime
 from .ops._server import NatsServer
@@ -73,6 +75,17 @@ def _relay(name: str, proc: subprocess.Popen[bytes]) -> threading.Event:
 
     threading.Thread(target=copy, name=f"plexus-dev-{name}", daemon=True).start()
     return ready
+
+
+async def _until_hosted(rt: Runtime, app: App) -> None:
+    """Wait until a worker hosts each of the app's types: a script's first send or run to a type the
+    registry has not seen yet would fail at once (a worker that is still starting has not registered it)."""
+    for name in app.types:
+        try:
+            await rt.get(name, lazy=False, timeout=SERVICES_READY_S)
+        except KernelError:
+            print(f"plexus dev: no worker hosts {name} after {SERVICES_READY_S:.0f} s; going on", flush=True)
+            return
 
 
 def _wait_ready(services: dict[str, threading.Event], timeout_s: float) -> list[str]:
@@ -185,6 +198,7 @@ async def run_dev(
         if failed is None and script is not None:
             rt = await Runtime.connect(server.url, namespace=app.namespace)
             try:
+                await _until_hosted(rt, app)
                 await script(rt)
             finally:
                 await rt.close()
