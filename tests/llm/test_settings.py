@@ -194,7 +194,7 @@ class Thoughtful(Middleware):
         self, context: ModelCall, call_next: Callable[[ModelCall], Awaitable[ModelTurn]]
     ) -> ModelTurn:
         override = ModelSettings(temperature=0.9, extra_body={"user": "u-1"})
-        return await call_next(replace(context, request=context.request.with_settings(override)))
+        return await call_next(context.with_settings(override))
 
 
 async def test_a_model_middleware_overrides_the_agents_settings_per_call(

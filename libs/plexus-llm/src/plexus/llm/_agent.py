@@ -80,7 +80,7 @@ class LLMAgent(Agent):
     adapters turn the SDK's own retries off); left out when ``middleware`` has a `ProviderRetry` of its
     own, None for none. Once it gives up, the error is the run's RetryPolicy's to retry (docs/llm.md).
     ``settings``: `ModelSettings` sent with every model call (its ``max_tokens``/``temperature`` win over the
-    arguments); a model middleware overrides them per call (``request.with_settings``). The model's adapter
+    arguments); a model middleware overrides them per call (``context.with_settings``). The model's adapter
     refuses here what its provider cannot honour (`UnsupportedSettingError`).
     """
 

@@ -15,7 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from plexus.core import Item, TextBlock, ToolResultBlock, ToolUseBlock
@@ -24,6 +24,7 @@ from plexus.runtime import Context
 from ._accumulate import ModelTurn
 from ._client import ModelRequest
 from ._errors import ProviderUnavailableError, RateLimitError
+from ._settings import ModelSettings
 
 __all__ = [
     "Middleware",
@@ -50,6 +51,10 @@ class ModelCall:
     ctx: Context
     request: ModelRequest
     model: str
+
+    def with_settings(self, settings: ModelSettings) -> ModelCall:
+        """This call with ``settings``' set values winning over its request's (a per-call override)."""
+        return replace(self, request=self.request.with_settings(settings))
 
 
 @dataclass(frozen=True)
