@@ -130,8 +130,8 @@ async def test_idempotent_and_concurrent_calls_from_many_connections(nats_server
         again = await ensure_topology(conns[0].jetstream())
         assert all(t.partitions == 16 for t in [*topos, again])
         infos = await conns[0].jetstream().streams_info()
-        # Exactly one of each: 4 streams, 5 KV buckets, 1 object store.
-        assert len(infos) == 12  # 5 streams, 6 KV buckets, 1 object store
+        # Exactly one of each: 5 streams, 8 KV buckets (the gateway's two included), 1 object store.
+        assert len(infos) == 14
         # Every handle works on the shared buckets.
         await topos[0].registry.put("echo", b"x")
         assert (await topos[5].registry.get("echo")).value == b"x"
