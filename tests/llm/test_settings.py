@@ -249,3 +249,11 @@ def test_the_mapping_is_computed_once_per_settings_object() -> None:
     again = model._settings(agent.settings, 1024, None)
     assert again is first
     assert model._settings(ModelSettings(seed=1), 1024, None) is not first  # another object: mapped anew
+
+
+async def test_a_per_call_setting_the_provider_cannot_honour_is_refused_before_any_request() -> None:
+    async with FakeProvider(lambda _: Sse(anthropic_frames("ok")), base_path="") as fake:
+        request = ModelRequest(items=[_user("hi")]).with_settings(ModelSettings(seed=1))
+        with pytest.raises(UnsupportedSettingError, match="seed"):
+            await complete(_anthropic(fake.base_url), request)
+    assert fake.count == 0
