@@ -248,7 +248,7 @@ async def test_done_waits_for_the_status_event_of_an_ending_whose_record_is_writ
     assert [(e.id, e.event) for e in events] == [
         ("0", "snapshot"),
         (str(ack.seq), "status"),
-        (str(ack.seq), "message"),
+        (f"{ack.seq}.1", "message"),
     ]
     assert events[1].json()["run"]["status"] == "completed"
     assert events[-1].data == "[DONE]"
@@ -300,9 +300,53 @@ async def test_token_deltas_stream_live_as_token_events(gw: Stack) -> None:
     assert tokens, "deltas produced while the viewer watched arrive as token events"
     assert all(t["agent_id"] == "streamer/s1" and t["run_id"] == run_id for t in tokens)
     assert all(t["delta"]["type"] == "text_delta" and t["delta"]["text"].startswith("tok") for t in tokens)
-    durable = [int(e.id or 0) for e in events if e.event != "token" and e.data != "[DONE]"]
-    assert all(e.id is not None and int(e.id) <= max(durable) for e in events if e.event == "token")
     assert events[-1].data == "[DONE]"
+
+
+async def test_every_event_id_is_unique_and_names_the_last_durable_event(gw: Stack) -> None:
+    """Papercut: token events reused the last durable event's id, so a client deduplicating by id dropped
+    them. A durable event's id is its sequence; each event after it that is not durable is ``<seq>.<n>``."""
+    cmd = json.dumps({"rounds": 30})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "streamer/u1", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    events = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+    ids = [e.id for e in events]
+    assert None not in ids
+    assert len(set(ids)) == len(ids), [i for i in ids if ids.count(i) > 1]
+    assert any(e.event == "token" for e in events)
+    seq, n = 0, 0
+    for event in events:
+        durable = event.event not in ("token", "message") and not (
+            event.event == "status" and event.json().get("reconciled")
+        )
+        if durable:
+            assert event.id is not None
+            assert event.id.isdigit(), (event.event, event.id)
+            seq, n = int(event.id), 0
+        else:
+            n += 1
+            assert event.id == f"{seq}.{n}", (event.event, event.id, seq, n)
+
+
+async def test_a_resume_from_a_token_event_loses_nothing_and_reuses_no_id(gw: Stack) -> None:
+    cmd = json.dumps({"rounds": 30})
+    run_id = (await gw.client.post("/v1/runs", json={"agent_id": "streamer/u2", "input": text(cmd)})).json()[
+        "run_id"
+    ]
+    first = await read_sse(gw.client, f"/v1/runs/{run_id}/events", stop=lambda e: e.event == "token")
+    token = first[-1]
+    assert token.id is not None
+    assert "." in token.id
+    rest = await read_sse(gw.client, f"/v1/runs/{run_id}/events", headers={"Last-Event-ID": token.id})
+    ids = [e.id for e in first + rest]
+    assert len(set(ids)) == len(ids), [i for i in ids if ids.count(i) > 1]
+    whole = await read_sse(gw.client, f"/v1/runs/{run_id}/events")
+    durable = [
+        (e.id, e.event) for e in whole if e.id is not None and e.id.isdigit() and e.event != "snapshot"
+    ]
+    assert [(e.id, e.event) for e in first + rest if e.id is not None and e.id.isdigit()][1:] == durable
+    assert rest[-1].data == "[DONE]"
 
 
 async def test_many_concurrent_viewers_each_get_every_event(gw: Stack) -> None:

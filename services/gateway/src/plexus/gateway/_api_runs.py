@@ -6,13 +6,14 @@ from typing import Annotated, Any
 
 import msgspec
 from fastapi import APIRouter, Body, Depends, Header, Path, Query
+from pydantic import StringConstraints
 from sse_starlette import EventSourceResponse
 
 from plexus.core import AgentId, BaseBlock, content_block_to_dict
 from plexus.runtime.orchestration import RunStatus
 
 from ._changes import run_changes
-from ._events import tree_events
+from ._events import EVENT_ID_PATTERN, parse_event_id, tree_events
 from ._models import AgentTypeOut, MessageIn, MessageOut, RunCreated, RunsPage, StartRun, WorkerOut
 from ._problems import PROBLEM_RESPONSES, Problem
 from ._runs import RunFilter, budget_view, partitions_by_worker
@@ -27,6 +28,14 @@ RunIdPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z
 NamePath = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")]
 KeyPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_\-.:]+$")]
 SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
+_RUN_ID = r"[A-Za-z0-9_\-.:]+"
+_STATUS = "(" + "|".join(sorted(RunStatus)) + ")?"
+#: What `list_runs` gives as next_cursor: the last run's created_at (repr of a float) and its run id.
+_CURSOR = r"^[0-9]+(\.[0-9]+)?(e[+-]?[0-9]+)?~" + _RUN_ID + "$"
+_EVENT_ID_DOC = (
+    "resume after this event: `<seq>` (a durable event: its JetStream sequence) or `<seq>.<n>` (the n-th "
+    "event after it that is not durable: a token delta, a reconciled status, [DONE]); empty: from the start"
+)
 
 
 def _blocks(blocks: list[BaseBlock]) -> list[dict[str, Any]]:
@@ -122,15 +131,17 @@ def _cursor(text: str | None) -> tuple[float, str] | None:
 async def list_runs(
     gw: Gw,
     status: Annotated[
-        list[str] | None,
-        Query(description="any of " + ", ".join(RunStatus)),
+        list[Annotated[str, StringConstraints(pattern=f"^{_STATUS}(,{_STATUS})*$")]] | None,
+        Query(description="any of " + ", ".join(RunStatus) + ", or several comma-separated"),
     ] = None,
     agent_type: Annotated[str | None, Query(max_length=128)] = None,
     since: Annotated[float | None, Query(ge=0, le=1e11, description="epoch seconds")] = None,
     roots_only: bool = False,
     session_id: Annotated[str | None, Query(max_length=128)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 50,
-    cursor: Annotated[str | None, Query(max_length=300)] = None,
+    cursor: Annotated[
+        str | None, Query(max_length=300, pattern=_CURSOR, description="the next_cursor of the previous page")
+    ] = None,
 ) -> RunsPage:
     statuses = frozenset(s for item in status or [] for s in item.split(",") if s)
     unknown = statuses - {str(s) for s in RunStatus}
@@ -211,7 +222,7 @@ async def approve_run(
     gw: Gw,
     run_id: RunIdPath,
     decision_id: Annotated[str, Body(min_length=1, max_length=500, description="e.g. a tool call id")],
-    approved: Annotated[bool, Body()] = True,
+    approved: Annotated[bool, Body(strict=True)] = True,
     reason: Annotated[str, Body(max_length=500)] = "",
 ) -> dict[str, Any]:
     record = await gw.rt.approve(run_id, decision_id, approved=approved, reason=reason)
@@ -223,18 +234,19 @@ def _as_json(record: object) -> Any:
     return msgspec.json.decode(msgspec.json.encode(record))
 
 
-def _last_event_id(header: str | None, query: str | None) -> int | None:
-    raw = header if header is not None else query
-    if raw is None or raw == "":
+def _last_event_id(header: str | None, query: str | None) -> tuple[int, int] | None:
+    raw = header or query
+    if not raw:
         return None
-    if not raw.isdigit() or len(raw) > 19:
-        raise Problem(
-            422, "Invalid Last-Event-ID", "an event id is the decimal id of an event of this stream"
-        )
-    return int(raw)
+    try:
+        return parse_event_id(raw)
+    except ValueError as exc:
+        raise Problem(422, "Invalid Last-Event-ID", str(exc)) from None
 
 
-def sse_response(gw: GatewayState, root: dict[str, Any], last_event_id: int | None) -> EventSourceResponse:
+def sse_response(
+    gw: GatewayState, root: dict[str, Any], last_event_id: tuple[int, int] | None
+) -> EventSourceResponse:
     # A viewer going away only stops this generator; the run is never touched.
     return EventSourceResponse(
         tree_events(gw.rt, root, last_event_id),
@@ -251,8 +263,17 @@ def sse_response(gw: GatewayState, root: dict[str, Any], last_event_id: int | No
 async def run_events(
     gw: Gw,
     run_id: RunIdPath,
-    last_event_id: Annotated[str | None, Header(max_length=32)] = None,
-    from_id: Annotated[str | None, Query(alias="last_event_id", max_length=32)] = None,
+    last_event_id: Annotated[
+        str | None, Header(pattern=f"^$|{EVENT_ID_PATTERN}", description=_EVENT_ID_DOC)
+    ] = None,
+    from_id: Annotated[
+        str | None,
+        Query(
+            alias="last_event_id",
+            pattern=f"^$|{EVENT_ID_PATTERN}",
+            description="the same, for a browser's `EventSource` (it cannot send headers)",
+        ),
+    ] = None,
 ) -> EventSourceResponse:
     root = await tree_root(gw, run_id)
     return sse_response(gw, root, _last_event_id(last_event_id, from_id))

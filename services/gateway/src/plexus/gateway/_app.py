@@ -19,6 +19,7 @@ from . import _api_runs, _api_sessions
 from ._access import RateLimiter, TokenRegistry
 from ._config import GatewayConfig
 from ._limits import BodyLimit
+from ._openapi import install_openapi
 from ._problems import install_problem_handlers
 from ._runs import RunsView
 from ._sessions import SessionStore
@@ -59,6 +60,7 @@ def create_app(runtime: Runtime, config: GatewayConfig | None = None) -> FastAPI
     )
     app.state.gw = gw
     install_problem_handlers(app)
+    install_openapi(app)
     app.include_router(_api_runs.router)
     app.include_router(_api_sessions.router)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)

@@ -1,10 +1,14 @@
 """The SSE stream of one run tree: a snapshot, then every progress event of the tree, then ``[DONE]``.
 
-Every event's ``id`` is the JetStream sequence of the progress message it carries (the snapshot's is 0),
-so a reconnect with ``Last-Event-ID: n`` resumes at sequence n+1 of the same durable stream: nothing lost,
-nothing repeated, whichever gateway replica answers. Events of the orchestrator (``orchestrator/<run>``)
-are run status changes (``status``); an agent's own steps are ``progress``, its tool calls ``tool_call``.
-Each event carries the tree's usage totals so budget gauges move as tokens are spent.
+Every event has its own ``id`` (`EventIds`): a durable event's is the JetStream sequence of the progress
+message it carries (the snapshot's is 0), ``<seq>.<n>`` is the n-th event sent after durable event ``seq``
+that is not durable itself (a token delta, a reconciled status, ``[DONE]``). A reconnect with
+``Last-Event-ID: <seq>[.<n>]`` resumes at sequence seq+1 of the same durable stream: nothing lost, nothing
+repeated, whichever gateway replica answers (tokens and reconciled statuses are not replayed).
+
+Events of the orchestrator (``orchestrator/<run>``) are run status changes (``status``); an agent's own
+steps are ``progress``, its tool calls ``tool_call``. Each event carries the tree's usage totals so budget
+gauges move as tokens are spent.
 
 ``[DONE]`` comes once the root has ended, every run of the tree has ended, and the orchestrator's ``status``
 event of each of those endings is on the stream and was sent: the orchestrator writes a run's record first
@@ -18,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -30,7 +35,15 @@ from ._feed import TreeFeed
 from ._runs import TERMINAL, RunsView, budget_view
 from ._tokens import TokenTap
 
-__all__ = ["ORCHESTRATOR_PREFIX", "ORCHESTRATOR_TYPE", "event_name", "tree_events"]
+__all__ = [
+    "EVENT_ID_PATTERN",
+    "ORCHESTRATOR_PREFIX",
+    "ORCHESTRATOR_TYPE",
+    "EventIds",
+    "event_name",
+    "parse_event_id",
+    "tree_events",
+]
 
 #: The agent type of the orchestrator's progress events (``orchestrator/<run>``: one key per run).
 ORCHESTRATOR_TYPE = "orchestrator"
@@ -46,14 +59,49 @@ def event_name(progress: dict[str, Any]) -> str:
     return "progress"
 
 
-def _sse(event_id: int, name: str, data: Any) -> dict[str, str]:
-    return {"id": str(event_id), "event": name, "data": json.dumps(data, separators=(",", ":"))}
+#: ``<seq>`` or ``<seq>.<n>``, decimal without leading zeros (what `EventIds` sends, and all a resume takes).
+EVENT_ID_PATTERN = r"^(0|[1-9][0-9]{0,18})(\.[1-9][0-9]{0,9})?$"
+_EVENT_ID = re.compile(EVENT_ID_PATTERN)
+
+
+def parse_event_id(text: str) -> tuple[int, int]:
+    """``(seq, n)`` of an event id (n is 0 for a durable event); ValueError if it is not one."""
+    match = _EVENT_ID.fullmatch(text)
+    if match is None:
+        raise ValueError(f"{text[:40]!r} is not an event id (<seq> or <seq>.<n>)")
+    return int(match[1]), int(match[2][1:]) if match[2] else 0
+
+
+class EventIds:
+    """The ids of one stream: unique, and each one a resume point (see the module docstring)."""
+
+    def __init__(self, seq: int = 0, n: int = 0) -> None:
+        #: The sequence of the last durable event sent (or resumed after).
+        self.seq = seq
+        self._n = n
+
+    def durable(self, seq: int) -> str:
+        self.seq, self._n = seq, 0
+        return str(seq)
+
+    def transient(self) -> str:
+        self._n += 1
+        return f"{self.seq}.{self._n}"
+
+
+def _sse(event_id: str, name: str, data: Any) -> dict[str, str]:
+    return {"id": event_id, "event": name, "data": json.dumps(data, separators=(",", ":"))}
 
 
 async def tree_events(
-    rt: Runtime, root: dict[str, Any], last_event_id: int | None, poll_s: float = 0.5, settle_s: float = 10.0
+    rt: Runtime,
+    root: dict[str, Any],
+    last_event_id: tuple[int, int] | None,
+    poll_s: float = 0.5,
+    settle_s: float = 10.0,
 ) -> AsyncIterator[dict[str, str]]:
-    """Yield sse-starlette event dicts for the tree rooted at ``root`` until the root has ended."""
+    """Yield sse-starlette event dicts for the tree rooted at ``root`` until the root has ended; resume after
+    ``last_event_id`` (`parse_event_id`) if given."""
     view = RunsView(rt)
     root_id = str(root["run_id"])
     subject = rt.subjects.progress_tree(root_id)
@@ -66,16 +114,16 @@ async def tree_events(
         usage = await view.usage(root)
         seen_at_start = {str(r["run_id"]): (r.get("status"), r.get("updated_at")) for r in runs}
         yield _sse(
-            0,
+            "0",
             "snapshot",
             {"root_id": root_id, "runs": runs, "usage": usage, "budget": budget_view(root, usage)},
         )
         config = js_api.ConsumerConfig(deliver_policy=js_api.DeliverPolicy.ALL)
     else:
         config = js_api.ConsumerConfig(
-            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=last_event_id + 1
+            deliver_policy=js_api.DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=last_event_id[0] + 1
         )
-    last = last_event_id or 0
+    ids = EventIds(*(last_event_id or (0, 0)))
     # run_id -> (status, updated_at) last shown to this client
     seen: dict[str, tuple[Any, Any]] = seen_at_start if last_event_id is None else {}
     # Runs whose ending's status event is on the stream (read here, or found there before a resume point).
@@ -117,11 +165,11 @@ async def tree_events(
                         # Children end just after their root (a cancel reaches them last): show their ends
                         # too, waiting at most `settle_s` for a child that never reports (its worker died)
                         # or an ending whose status event never comes.
-                        async for event in _reconcile(view, root, runs, seen, last, tap):
+                        async for event in _reconcile(view, root, runs, seen, ids, tap):
                             yield event
                         settled = not unannounced and all(status in TERMINAL for status, _ in seen.values())
                         if settled or time.time() - float(root.get("updated_at") or 0.0) > settle_s:
-                            yield {"id": str(last), "data": "[DONE]"}
+                            yield {"id": ids.transient(), "data": "[DONE]"}
                             return
             nothing = not feed.msgs and tap.queue.empty()
             if nothing and not await feed.wait(poll_s - (time.monotonic() - idle_from)):
@@ -129,19 +177,19 @@ async def tree_events(
                 # that was never announced (the orchestrator's announcements are best effort) still shows.
                 idle_from = time.monotonic()
                 pending = await _pending(rt, sub, feed)
-                async for event in _reconcile(view, root, await view.tree(root), seen, last, tap):
+                async for event in _reconcile(view, root, await view.tree(root), seen, ids, tap):
                     yield event
                 continue
             if not tap.queue.empty():
-                # Not durable: it carries the id of the last durable event and is not replayed on resume.
-                yield _sse(last, "token", tap.queue.get_nowait())
+                # Not durable: not replayed on resume.
+                yield _sse(ids.transient(), "token", tap.queue.get_nowait())
                 continue
             if not feed.msgs:
                 continue
             msg = feed.take()
             idle_from = time.monotonic()
             meta = msg.metadata
-            last = meta.sequence.stream
+            event_id = ids.durable(meta.sequence.stream)
             pending = meta.num_pending
             try:
                 progress = json.loads(msg.data)
@@ -170,7 +218,7 @@ async def tree_events(
                 usage = await view.usage(root)
             data["usage"] = usage
             data["budget"] = budget_view(root, usage)
-            yield _sse(last, name, data)
+            yield _sse(event_id, name, data)
     finally:
         await tap.close()
         with contextlib.suppress(Exception):
@@ -184,10 +232,10 @@ async def _reconcile(
     root: dict[str, Any],
     runs: list[dict[str, Any]],
     seen: dict[str, tuple[Any, Any]],
-    last: int,
+    ids: EventIds,
     tap: TokenTap,
 ) -> AsyncIterator[dict[str, str]]:
-    """``status`` events (id = the last event's: they are state as of it) for the runs of ``runs`` (the
+    """``status`` events (not durable: state as of the last durable event) for the runs of ``runs`` (the
     tree's records) whose record changed since this client last saw it."""
     changed = [r for r in runs if seen.get(str(r["run_id"])) != (r.get("status"), r.get("updated_at"))]
     if not changed:
@@ -197,7 +245,7 @@ async def _reconcile(
         seen[str(record["run_id"])] = (record.get("status"), record.get("updated_at"))
         await tap.watch(str(record.get("agent_id", "")), str(record["run_id"]))
         yield _sse(
-            last,
+            ids.transient(),
             "status",
             {"run": record, "reconciled": True, "usage": usage, "budget": budget_view(root, usage)},
         )

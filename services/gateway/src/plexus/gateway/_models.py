@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue, WithJsonSchema, field_validator
 
-from plexus.core import AgentId, ContentBlock, ExecutionBudget, Priority, SpawnBudget
+from plexus.core import AgentId, ContentBlock, ExecutionBudget, Priority, SpawnBudget, registered_block_types
 
 __all__ = [
     "AgentTypeOut",
@@ -23,20 +24,82 @@ __all__ = [
 
 _NAME = r"^[A-Za-z0-9_\-]{1,128}$"
 _PRIORITIES = tuple(int(p) for p in Priority)
+#: `AgentId.parse`'s rules: ``type/key`` or ``namespace/type/key`` (the key may hold ``/`` then), names of
+#: letters, digits and ``_-.:=``, any key.
+_AGENT_NAME = r"[A-Za-z0-9_\-.:=]{1,255}"
+_AGENT_ID = rf"^({_AGENT_NAME}/[^/]+|{_AGENT_NAME}/{_AGENT_NAME}/[\s\S]+)$"
+
+#: What the server takes as a content block: an object with a string ``type``. The registered types' own
+#: fields are checked too (a 422 names them); any other type is kept as it is (`UnknownBlock`).
+Block = Annotated[
+    ContentBlock,
+    WithJsonSchema(
+        {
+            "type": "object",
+            "required": ["type"],
+            "properties": {"type": {"type": "string"}},
+            "additionalProperties": True,
+            "description": "a content block; the fields of the registered types ("
+            + ", ".join(sorted(registered_block_types()))
+            + ") are validated, other types are kept as they are",
+        }
+    ),
+]
+
+
+def _json_kinds(schema: dict[str, Any]) -> set[str]:
+    options = schema.get("anyOf", [schema])
+    return {str(o["type"]) for o in options if isinstance(o, dict) and "type" in o}
+
+
+def _as_documented(model: type[BaseModel]) -> Callable[[Any], Any]:
+    """A check of a JSON object for ``model`` by the JSON types its schema documents, before pydantic: a
+    boolean or a string is not a number, a number not a boolean, and ``3.0`` is the integer 3 (plexus.core's
+    models are lax about the first and strict about the last)."""
+    kinds = {name: _json_kinds(field) for name, field in model.model_json_schema()["properties"].items()}
+
+    def check(value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        fixed = dict(value)
+        for key, item in value.items():
+            allowed = kinds.get(key)
+            if allowed is None or item is None:
+                continue  # an unknown field is refused by the model itself
+            if isinstance(item, bool) or not isinstance(item, int | float):
+                kind = "boolean" if isinstance(item, bool) else "string" if isinstance(item, str) else None
+                if kind is not None and kind not in allowed:
+                    raise ValueError(f"{key} must be {' or '.join(sorted(allowed))}, not a {kind}")
+            elif not allowed & {"integer", "number"}:
+                raise ValueError(f"{key} must be {' or '.join(sorted(allowed))}, not a number")
+            elif isinstance(item, float) and item.is_integer() and "number" not in allowed:
+                fixed[key] = int(item)
+        return fixed
+
+    return check
+
+
+Budget = Annotated[ExecutionBudget | None, BeforeValidator(_as_documented(ExecutionBudget))]
+Spawn = Annotated[SpawnBudget | None, BeforeValidator(_as_documented(SpawnBudget))]
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: JSON `false` is not the integer 0, nor `1` a boolean (what the schema says is what is taken).
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class StartRun(_Strict):
     """Start a run tree rooted at ``agent_id`` (``[namespace/]type/key``)."""
 
-    agent_id: str = Field(min_length=3, max_length=512, examples=["researcher/topic-1"])
-    input: list[ContentBlock] = Field(max_length=1000, examples=[[{"type": "text", "text": "hello"}]])
-    budget: ExecutionBudget | None = None
-    spawn_budget: SpawnBudget | None = None
-    priority: int = Field(default=int(Priority.NORMAL), description=f"one of {_PRIORITIES}")
+    agent_id: str = Field(min_length=3, max_length=512, pattern=_AGENT_ID, examples=["researcher/topic-1"])
+    input: list[Block] = Field(max_length=1000, examples=[[{"type": "text", "text": "hello"}]])
+    budget: Budget = None
+    spawn_budget: Spawn = None
+    priority: int = Field(
+        default=int(Priority.NORMAL),
+        description=f"one of {_PRIORITIES}",
+        json_schema_extra={"enum": list(_PRIORITIES)},
+    )
     run_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=_NAME, description="idempotency key"
     )
@@ -66,7 +129,7 @@ class RunsPage(BaseModel):
 
 
 class MessageIn(_Strict):
-    input: list[ContentBlock] = Field(max_length=1000)
+    input: list[Block] = Field(max_length=1000)
     timeout_s: float = Field(default=30.0, gt=0, le=300, allow_inf_nan=False)
 
 
@@ -97,8 +160,8 @@ class CreateSession(_Strict):
 
 
 class SessionRunIn(_Strict):
-    input: list[ContentBlock] = Field(min_length=1, max_length=1000)
-    budget: ExecutionBudget | None = None
+    input: list[Block] = Field(min_length=1, max_length=1000)
+    budget: Budget = None
 
 
 class SessionOut(BaseModel):

@@ -7,6 +7,7 @@ Kernel errors keep their type and fields (``error_type``, ``fields``) so a clien
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -14,6 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.routing import BaseRoute, Match
 
 from plexus.core import KernelError
 
@@ -65,15 +67,24 @@ _PROBLEM_SCHEMA: dict[str, Any] = {
     },
 }
 
+_RETRY_AFTER = {
+    "Retry-After": {"description": "seconds to wait", "schema": {"type": "integer", "minimum": 1}}
+}
+
 #: OpenAPI ``responses`` for every /v1 route: each failure is problem details (RFC 9457).
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
-    status: {"description": why, "content": {PROBLEM_JSON: {"schema": _PROBLEM_SCHEMA}}}
+    status: {
+        "description": why,
+        "content": {PROBLEM_JSON: {"schema": _PROBLEM_SCHEMA}},
+        **({"headers": _RETRY_AFTER} if status == 429 else {}),
+    }
     for status, why in [
         (401, "missing or unknown bearer token"),
         (404, "no such agent, run, session or memory key"),
         (409, "the run's state does not allow it"),
         (413, "request body too large"),
-        (422, "the request does not match the schema"),
+        (422, "the request does not match the schema (the body is not JSON, or not UTF-8, included)"),
+        (429, "over the caller's rate limit: try again after `Retry-After` seconds"),
         (502, "the agent failed"),
         (503, "the cluster cannot be reached"),
         (504, "the agent did not answer in time"),
@@ -118,6 +129,24 @@ def _errors(exc: ValidationError | RequestValidationError) -> list[dict[str, Any
     ]
 
 
+def _routes(routes: Iterable[Any]) -> Iterator[BaseRoute]:
+    for route in routes:
+        # FastAPI wraps each included router (ours are included without a prefix: their paths are whole).
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            yield from _routes(inner.routes)
+        elif isinstance(route, BaseRoute):
+            yield route
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    methods: set[str] = set()
+    for route in _routes(request.app.router.routes):
+        if route.matches(request.scope)[0] != Match.NONE:
+            methods.update(getattr(route, "methods", None) or ())
+    return sorted(methods)
+
+
 def install_problem_handlers(app: FastAPI) -> None:
     @app.exception_handler(Problem)
     async def _problem(_request: Request, exc: Problem) -> JSONResponse:
@@ -153,9 +182,20 @@ def install_problem_handlers(app: FastAPI) -> None:
         )
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
-        headers = dict(exc.headers) if exc.headers else None
-        return problem_response(exc.status_code, str(exc.detail), headers=headers)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 400 and isinstance(exc.__cause__, ValueError):
+            # FastAPI's answer to a body it cannot decode (not UTF-8): a bad body like any other, 422.
+            return problem_response(
+                422,
+                "Invalid request",
+                "the body is not JSON in UTF-8",
+                errors=[{"loc": ["body"], "msg": str(exc.__cause__), "type": "json_invalid"}],
+            )
+        if exc.status_code == 405:
+            # Starlette names the methods of the path's first route only; we have one route per method.
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return problem_response(exc.status_code, str(exc.detail), headers=headers or None)
 
     @app.exception_handler(Exception)
     async def _unexpected(_request: Request, exc: Exception) -> JSONResponse:
