@@ -99,7 +99,8 @@ async def test_provider_error_reaches_the_caller_typed_and_the_worker_lives_on(
 ) -> None:
     model = FlakyModel()
     app = App()
-    app.register("flaky", lambda _id: LLMAgent(model), retry=None)
+    # ProviderRetry (the default) would absorb the one 429: this is about the error when nothing retries it.
+    app.register("flaky", lambda _id: LLMAgent(model, provider_retry=None), retry=None)
     await start_worker(app)
     with pytest.raises(RateLimitError) as info:
         await runtime.send_message([TextBlock(text="a")], AgentId("flaky", "1"), timeout=20)

@@ -38,6 +38,11 @@ def _four_turns(per_turn: Counter[int]) -> Any:
     return respond
 
 
+async def _hosted(runtime: Runtime) -> None:
+    """Until the worker just started hosts the agent (a type the registry never saw is refused at once)."""
+    await runtime.get("researcher", lazy=False, timeout=60)
+
+
 async def _kill(worker: Any) -> None:
     os.kill(worker.pid, signal.SIGKILL)
     assert await asyncio.to_thread(worker.wait, 10) == -signal.SIGKILL
@@ -53,6 +58,7 @@ async def test_sigkill_between_turn_2_and_3_never_re_requests_turns_1_and_2(
         env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(notes)}
         arrived, release = fake.hold(3)  # turn 3's first request waits: the worker is mid-run, turns 1-2 done
         first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env=env)
+        await _hosted(runtime)
         reply_task = asyncio.ensure_future(
             runtime.send_message([TextBlock(text="research nats")], AgentId("researcher", "r1"), timeout=90)
         )
@@ -87,6 +93,7 @@ async def test_an_orchestrated_run_killed_mid_run_counts_every_answered_call_onc
         env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(tmp_path / "notes.log")}
         arrived, release = fake.hold(3)
         first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env=env)
+        await _hosted(runtime)
         run_id = await runtime.start_run(
             AgentId("researcher", "o1"),
             [TextBlock(text="research nats")],
@@ -146,6 +153,7 @@ async def _two_turns_killed(
     async with FakeProvider(_two_turns(per_turn)) as fake:
         env = {"FAKE_OPENAI_URL": fake.base_url, "NOTE_LOG": str(tmp_path / "notes.log")}
         first = worker_process("tests.llm.apps_llm:app", "--worker-id", "w1", env={**env, **hold})
+        await _hosted(runtime)
         reply_task = asyncio.ensure_future(
             runtime.send_message([TextBlock(text="note it")], AgentId("researcher", key), timeout=90)
         )

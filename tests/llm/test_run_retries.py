@@ -15,6 +15,7 @@ import pytest
 from plexus.core import (
     AgentCrashError,
     AgentId,
+    AgentNotFoundError,
     BudgetExhaustedError,
     CancellationError,
     KernelError,
@@ -161,6 +162,9 @@ async def test_provider_retry_caps_the_providers_retry_after_by_max_s(
         (MiddlewareTermination("guardrail"), False),
         (AgentCrashError("run", "a/b"), False),  # a callee's crash retries are spent already
         (KernelError("plain"), False),
+        # A registered type with no live worker may have one on the next attempt; a misspelt one never will.
+        (AgentNotFoundError("a/b", registered=True), True),
+        (AgentNotFoundError.unregistered("concierg/bob", "concierg", ["concierge"]), False),
     ],
 )
 def test_which_kernel_errors_the_policy_may_retry(error: KernelError, expected: bool) -> None:

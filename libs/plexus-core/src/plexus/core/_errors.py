@@ -45,8 +45,9 @@ class KernelError(Exception):
     """Base of every Plexus failure. Subclasses declare `fields`, the constructor arguments that travel."""
 
     fields: ClassVar[tuple[str, ...]] = ("message",)
-    #: Whether retrying the same work may succeed; copied into `ErrorBlock.recoverable`.
-    recoverable: ClassVar[bool] = False
+    #: Whether retrying the same work may succeed; copied into `ErrorBlock.recoverable`. A class default that
+    #: an instance may narrow (an agent type that was never registered will not appear on a retry).
+    recoverable: bool = False
 
     def __init__(self, message: str = "") -> None:
         self.message = message
@@ -184,6 +185,8 @@ class AgentNotFoundError(KernelError):
         self.registered = registered
         self.known_types = sorted(known_types)[:_KNOWN_TYPES_SHOWN]
         self.suggestion = suggestion
+        # A misspelt type stays misspelt: retrying it only delays the error the caller must fix.
+        self.recoverable = registered is not False
         super().__init__(self._describe())
 
     @classmethod
