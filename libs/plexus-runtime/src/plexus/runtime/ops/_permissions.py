@@ -2,16 +2,20 @@
 
 Roles live inside a tenant's account (tenants are separate accounts: nothing crosses between them). Within a
 tenant, writes are what the roles are told apart by: only the orchestrator publishes control decisions and
-writes run records; only workers write EventLogs, checkpoints and leases, and a worker group only those of
-its own agent types; the gateway writes sessions; a client sends to inboxes, asks the orchestrator, and
-reads progress. Reads through JetStream consumers are coarser: nats-server does not check a consumer's
-filter against its creator's subject permissions (nats-server #3295), so whoever may create a consumer on a
-stream may read all of it; each role may create consumers only on the streams it reads.
+writes run records; only workers write EventLogs, checkpoints and leases, and a worker given agent types (a
+tenant's narrowed worker, or a worker group of `plexus security init --worker-group`) only those of its own
+types, and it serves (registers, subscribes to, takes inbox partitions of, publishes progress and token
+deltas for) only those types; the gateway writes sessions; a client sends to inboxes, asks the
+orchestrator, and reads progress. Reads through JetStream consumers are coarser: nats-server does not check
+a consumer's filter against its creator's subject permissions (nats-server #3295), so whoever may create a
+consumer on a stream may read all of it; each role may create consumers only on the streams it reads.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from plexus.runtime.wire._subjects import escape_token
 
 __all__ = ["ROLES", "Permissions", "role_permissions"]
 
@@ -66,13 +70,13 @@ def _lookup(streams: list[str], *, consume: bool = True) -> list[str]:
     return out
 
 
-def _partition_consumers(prefix: str, types: list[str]) -> list[str]:
+def _partition_consumers(prefix: str, tokens: list[str]) -> list[str]:
     """A worker's inbox partitions: it creates their consumers only with a filter inside its own types
-    (the create request's subject carries the filter, which the server checks against the config), and
-    pulls, acknowledges and deletes them by name."""
+    (`tokens`: escaped type tokens, or ``*``; the create request's subject carries the filter, which the
+    server checks against the config), and pulls, acknowledges and deletes them by name."""
     stream = "PLEXUS_INBOX"
     return [
-        *(f"$JS.API.CONSUMER.CREATE.{stream}.*.{prefix}.*.inp.{t}.>" for t in types),
+        *(f"$JS.API.CONSUMER.CREATE.{stream}.*.{prefix}.*.inp.{t}.>" for t in tokens),
         f"$JS.API.CONSUMER.INFO.{stream}.>",
         f"$JS.API.CONSUMER.LIST.{stream}",  # a taking worker finds every earlier owner's consumer
         f"$JS.API.CONSUMER.DELETE.{stream}.>",
@@ -85,7 +89,8 @@ def role_permissions(
     role: str, inbox: str, prefix: str = "px", agent_types: list[str] | None = None
 ) -> Permissions:
     """Permissions of `role` whose reply inbox prefix is `inbox` (``_INBOX.<name>``). For a worker,
-    `agent_types` limits its EventLog, checkpoint and lease writes to those types (None: any type)."""
+    `agent_types` limits what it serves and writes to those types (None: any type): registrations, stateless
+    inboxes, inbox partition consumers, progress, token deltas, EventLogs, checkpoints and leases."""
     p = prefix
     own_inbox = f"{inbox}.>"
     replies = "_INBOX.>"  # publishing a reply to anyone's inbox; subscribing only to one's own
@@ -124,24 +129,34 @@ def role_permissions(
             subscribe_allow=[own_inbox, f"{p}.*.orch.>", "$SRV.>", f"{p}.*.progress.>", f"{p}.*.ctr.>"],
         )
     if role == "worker":
-        types = agent_types or ["*"]
+        # Subjects and keys carry a type as its escaped token (`wire._subjects`): `a_b` is `a_5Fb` there.
+        types = [escape_token(t) for t in agent_types] if agent_types else ["*"]
         own_state = [
             *(f"{p}.*.evlog.{t}.>" for t in types),
             *(f"$KV.plexus_checkpoints.*.{t}.>" for t in types),
             *(f"$KV.plexus_leases.*.{t}.*" for t in types),
         ]
+        # What it serves: `progress.<root>.<type>.<key>`, `stream.<type>.<key>`, registry `<ns>.<type>`.
+        served = (
+            [f"{p}.*.progress.>", f"{p}.*.stream.>", "$KV.plexus_registry.>"]
+            if agent_types is None
+            else [
+                *(f"{p}.*.progress.*.{t}.*" for t in types),
+                *(f"{p}.*.stream.{t}.*" for t in types),
+                *(f"$KV.plexus_registry.*.{t}" for t in types),
+            ]
+        )
+        stateless = [f"{p}.*.eph.>"] if agent_types is None else [f"{p}.*.eph.{t}.*" for t in types]
         return Permissions(
             publish_allow=[
-                f"{p}.*.in.>",
+                f"{p}.*.in.>",  # sending to and spawning any type
                 f"{p}.*.eph.>",
                 f"{p}.*.topic.>",
-                f"{p}.*.progress.>",
-                f"{p}.*.stream.>",
-                f"{p}.*.dlq.>",
+                f"{p}.*.dlq.>",  # a dead letter's type is the envelope's: refusing it would redeliver forever
                 f"{p}.*.ctr.>",
                 f"{p}.*.orch.>",  # spawn, finished, crashed
+                *served,
                 *own_state,
-                "$KV.plexus_registry.>",
                 "$KV.plexus_workers.>",
                 "$KV.plexus_subscriptions.>",
                 "$O.plexus_artifacts.>",
@@ -164,7 +179,7 @@ def role_permissions(
                 ),
             ],
             publish_deny=[*_ADMIN_DENY, f"{p}.*.ctl.>", "$KV.plexus_runs.>", "$KV.plexus_sessions.>"],
-            subscribe_allow=[own_inbox, f"{p}.*.eph.>", f"{p}.*.topic.>", f"{p}.*.ctl.>"],
+            subscribe_allow=[own_inbox, *stateless, f"{p}.*.topic.>", f"{p}.*.ctl.>"],
         )
     if role == "gateway":
         return Permissions(

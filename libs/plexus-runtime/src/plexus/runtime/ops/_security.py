@@ -6,9 +6,12 @@ Output directory layout::
     nats-security.conf         include it from every node's config (`include "nats-security.conf"`)
     tls/ca.pem                 the CA clients trust (a fresh development CA made with trustme)
     tls/server.pem, server-key.pem, tls/route.pem, route-key.pem
-    tls/<tenant>-<role>.pem/-key.pem   client certificates (with --mtls)
-    env/<tenant>/<role>.env    PLEXUS_NATS_* for that identity (mode 0600: it holds the password)
+    tls/<tenant>-<identity>.pem/-key.pem   client certificates (with --mtls)
+    env/<tenant>/<identity>.env    PLEXUS_NATS_* for that identity (mode 0600: it holds the password)
     env/SYS.env                the system account's user (server monitoring), mode 0600
+
+An identity is a role (``operator``, ``worker`` ...) or a worker group ``worker-<name>``: a pool of workers
+with its own user, permitted only its own agent types (`role_permissions` with those types).
 
 Production deployments bring their own CA and certificates; the development CA is for tests and for trying
 the secured mode on one machine.
@@ -23,6 +26,7 @@ import os
 import re
 import secrets
 import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -36,7 +40,8 @@ _NAME_RE = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,31}")
 
 @dataclass
 class SecurityLayout:
-    """What `security_init` wrote: paths, and per tenant and role the user name and env file."""
+    """What `security_init` wrote: paths, and per tenant and identity (a role, or ``worker-<group>``) the
+    user name and env file."""
 
     directory: Path
     config: Path
@@ -45,13 +50,13 @@ class SecurityLayout:
     server_key: Path | None
     route_cert: Path | None
     route_key: Path | None
-    users: dict[str, dict[str, str]] = field(default_factory=dict)  # tenant -> role -> user
+    users: dict[str, dict[str, str]] = field(default_factory=dict)  # tenant -> identity -> user
     env_files: dict[str, dict[str, Path]] = field(default_factory=dict)
     #: The system account's user ``sys`` (server monitoring only: no JetStream, no tenant's subjects).
     sys_env: Path | None = None
 
     def env(self, tenant: str, role: str) -> dict[str, str]:
-        """The ``PLEXUS_NATS_*`` variables of one identity."""
+        """The ``PLEXUS_NATS_*`` variables of one identity (`role`: a role or ``worker-<group>``)."""
         out: dict[str, str] = {}
         for line in self.env_files[tenant][role].read_text().splitlines():
             name, _, value = line.partition("=")
@@ -63,6 +68,30 @@ def _check_name(kind: str, name: str) -> str:
     if not _NAME_RE.fullmatch(name):
         raise ValueError(f"{kind} must match {_NAME_RE.pattern}, got {name!r}")
     return name
+
+
+@dataclass(frozen=True)
+class _Identity:
+    """One user of a tenant: `key` names its files (a role, or ``worker-<group>``)."""
+
+    key: str
+    role: str
+    inbox_token: str  # after the tenant's: `_INBOX.<tenant>_<inbox_token>`
+    agent_types: list[str] | None = None
+
+
+def _identities(
+    tenant: str, worker_types: list[str] | None, groups: Mapping[str, Sequence[str]]
+) -> list[_Identity]:
+    out = [_Identity(role, role, role, worker_types if role == "worker" else None) for role in ROLES]
+    for group, types in groups.items():
+        _check_name("worker group", group)
+        if not types:
+            raise ValueError(f"worker group {tenant}/{group} has no agent types")
+        checked = [_check_name("agent type", t) for t in types]
+        # `_<group>` keeps `-` (a token character): groups `a-b` and `a_b` get distinct inboxes.
+        out.append(_Identity(f"worker-{group}", "worker", f"worker_{group}", checked))
+    return out
 
 
 def _bcrypt(password: str) -> str:
@@ -95,10 +124,12 @@ def security_init(
     tls: bool = True,
     mtls: bool = False,
     worker_types: dict[str, list[str]] | None = None,
+    worker_groups: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
 ) -> SecurityLayout:
     """Write the files described in the module docstring. `hosts` are the names and addresses in the
     server certificate (default ``127.0.0.1``, ``localhost``); `worker_types` maps a tenant to the agent
-    types its workers may write the state of (default: any)."""
+    types its ``worker`` user serves (default: any); `worker_groups` maps a tenant to its worker groups,
+    each a name and the agent types its own user ``<tenant>-worker-<name>`` serves."""
     if not tenants:
         raise ValueError("at least one tenant is needed")
     for tenant in tenants:
@@ -109,6 +140,10 @@ def security_init(
         raise ValueError(f"tenants repeat: {tenants}")
     if mtls and not tls:
         raise ValueError("mTLS needs TLS")
+    groups = dict(worker_groups or {})
+    if unknown := sorted(set(groups) - set(tenants)):
+        raise ValueError(f"worker groups of tenants not given with --tenant: {', '.join(unknown)}")
+    identities = {t: _identities(t, (worker_types or {}).get(t), groups.get(t, {})) for t in tenants}
     directory.mkdir(parents=True, exist_ok=True)
     layout = SecurityLayout(directory, directory / "nats-security.conf", None, None, None, None, None)
     lines: list[str] = []
@@ -147,13 +182,14 @@ def security_init(
         )
         if mtls:
             for tenant in tenants:
-                for role in ROLES:
-                    leaf = ca.issue_cert(f"{tenant}-{role}.plexus.invalid")
-                    cert, key = tls_dir / f"{tenant}-{role}.pem", tls_dir / f"{tenant}-{role}-key.pem"
+                for ident in identities[tenant]:
+                    name = f"{tenant}-{ident.key}"
+                    leaf = ca.issue_cert(f"{name}.plexus.invalid")
+                    cert, key = tls_dir / f"{name}.pem", tls_dir / f"{name}-key.pem"
                     leaf.private_key_pem.write_to_path(str(key))
                     leaf.cert_chain_pems[0].write_to_path(str(cert))
                     os.chmod(key, 0o600)
-                    client_certs[(tenant, role)] = (cert, key)
+                    client_certs[(tenant, ident.key)] = (cert, key)
     sys_password = secrets.token_urlsafe(24)
     accounts = [f'  SYS {{ users: [ {{ user: "sys", password: {json.dumps(_bcrypt(sys_password))} }} ] }}']
     # The system account's user (server monitoring over `$SYS.REQ.>`, e.g. `nats server list`).
@@ -170,12 +206,11 @@ def security_init(
         layout.env_files[tenant] = {}
         env_dir = directory / "env" / tenant
         env_dir.mkdir(parents=True, exist_ok=True)
-        for role in ROLES:
-            user = f"{tenant}-{role}"
+        for ident in identities[tenant]:
+            user = f"{tenant}-{ident.key}"
             password = secrets.token_urlsafe(24)
-            inbox = f"_INBOX.{tenant.replace('-', '_')}_{role}"
-            types = (worker_types or {}).get(tenant) if role == "worker" else None
-            perms = role_permissions(role, inbox, prefix, types)
+            inbox = f"_INBOX.{tenant.replace('-', '_')}_{ident.inbox_token}"
+            perms = role_permissions(ident.role, inbox, prefix, ident.agent_types)
             users.append(
                 f"      {{ user: {json.dumps(user)}, password: {json.dumps(_bcrypt(password))},\n"
                 f"        permissions: {_permissions_block(perms)} }}"
@@ -183,14 +218,14 @@ def security_init(
             env = {ENV_VARS["user"]: user, ENV_VARS["password"]: password, ENV_VARS["inbox_prefix"]: inbox}
             if layout.ca is not None:
                 env[ENV_VARS["tls_ca"]] = str(layout.ca)
-            if (tenant, role) in client_certs:
-                cert, key = client_certs[(tenant, role)]
+            if (tenant, ident.key) in client_certs:
+                cert, key = client_certs[(tenant, ident.key)]
                 env[ENV_VARS["tls_cert"]], env[ENV_VARS["tls_key"]] = str(cert), str(key)
-            path = env_dir / f"{role}.env"
+            path = env_dir / f"{ident.key}.env"
             path.write_text("".join(f"{k}={json.dumps(v)}\n" for k, v in env.items()))
             os.chmod(path, 0o600)
-            layout.users[tenant][role] = user
-            layout.env_files[tenant][role] = path
+            layout.users[tenant][ident.key] = user
+            layout.env_files[tenant][ident.key] = path
         accounts.append(
             f"  {tenant} {{\n    jetstream: enabled\n    users: [\n" + "\n".join(users) + "\n    ]\n  }"
         )
@@ -227,7 +262,15 @@ def add_security_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
         action="append",
         default=[],
         metavar="TENANT=TYPE,TYPE",
-        help="the agent types whose state a tenant's workers may write (default: any); repeat",
+        help="the agent types a tenant's `worker` user serves and writes the state of (default: any); repeat",
+    )
+    init.add_argument(
+        "--worker-group",
+        action="append",
+        default=[],
+        metavar="[TENANT/]NAME[:TYPE,TYPE]",
+        help="a worker pool with its own user (env/<tenant>/worker-NAME.env) permitted only these agent "
+        "types (default: the type NAME); TENANT/ is needed with several tenants; repeat",
     )
     init.set_defaults(handler=_init_command)
     perms = verbs.add_parser(
@@ -238,6 +281,9 @@ def add_security_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     perms.add_argument("--tenant", required=True, help="the tenant (account) the user belongs to")
     perms.add_argument("--prefix", default="px", help="the Plexus subject prefix (default px)")
     perms.add_argument("--worker-types", default=None, metavar="TYPE,TYPE", help="worker: its agent types")
+    perms.add_argument(
+        "--group", default=None, metavar="NAME", help="worker: a worker group's user (name and inbox)"
+    )
     perms.add_argument("--nsc", action="store_true", help="print `nsc add user` flags instead of JSON")
     perms.set_defaults(handler=_permissions_command)
 
@@ -247,14 +293,21 @@ def _permissions_command(args: argparse.Namespace) -> int:
         tenant = _check_name("tenant", args.tenant)
         names = args.worker_types.split(",") if args.worker_types else None
         types = [_check_name("agent type", t) for t in names] if names else None
+        if args.group is not None:
+            if args.role != "worker" or not types:
+                raise ValueError(
+                    "--group is a worker group's: give it with the worker role and --worker-types"
+                )
+            _check_name("worker group", args.group)
     except ValueError as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 2
-    perms = role_permissions(args.role, f"_INBOX.{tenant}_{args.role}", args.prefix, types)
+    name = f"{tenant}_{args.role}" + (f"_{args.group}" if args.group else "")
+    perms = role_permissions(args.role, f"_INBOX.{name}", args.prefix, types)
     if not args.nsc:
         print(json.dumps(dataclasses.asdict(perms), indent=2))
         return 0
-    flags = [f"--name {tenant}_{args.role}", f"--account {tenant}"]
+    flags = [f"--name {name}", f"--account {tenant}"]
     for flag, subjects in (
         ("--allow-pub", perms.publish_allow),
         ("--deny-pub", perms.publish_deny),
@@ -267,15 +320,36 @@ def _permissions_command(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_groups(items: list[str], tenants: list[str]) -> dict[str, dict[str, list[str]]]:
+    """``--worker-group [TENANT/]NAME[:TYPE,TYPE]`` options as tenant -> group -> types."""
+    groups: dict[str, dict[str, list[str]]] = {}
+    for item in items:
+        head, sep, types = item.partition(":")
+        tenant, slash, name = head.rpartition("/")
+        if not slash:
+            if len(tenants) != 1:
+                raise ValueError(
+                    f"--worker-group {item!r}: name its tenant (TENANT/NAME) when there are several"
+                )
+            tenant = tenants[0]
+        if sep and not types:
+            raise ValueError(f"--worker-group expects [TENANT/]NAME[:TYPE,TYPE], got {item!r}")
+        own = groups.setdefault(tenant, {})
+        if name in own:
+            raise ValueError(f"worker group {tenant}/{name} is given twice")
+        own[name] = types.split(",") if sep else [name]
+    return groups
+
+
 def _init_command(args: argparse.Namespace) -> int:
     worker_types: dict[str, list[str]] = {}
-    for item in args.worker_types:
-        tenant, sep, types = item.partition("=")
-        if not sep or not types:
-            print(f"plexus: error: --worker-types expects TENANT=TYPE,TYPE, got {item!r}", file=sys.stderr)
-            return 2
-        worker_types[tenant] = [_check_name("agent type", t) for t in types.split(",")]
     try:
+        for item in args.worker_types:
+            tenant, sep, types = item.partition("=")
+            if not sep or not types:
+                raise ValueError(f"--worker-types expects TENANT=TYPE,TYPE, got {item!r}")
+            worker_types[tenant] = [_check_name("agent type", t) for t in types.split(",")]
+        worker_groups = _parse_groups(args.worker_group, args.tenant)
         layout = security_init(
             args.directory,
             args.tenant,
@@ -284,6 +358,7 @@ def _init_command(args: argparse.Namespace) -> int:
             tls=not args.no_tls,
             mtls=args.mtls,
             worker_types=worker_types,
+            worker_groups=worker_groups,
         )
     except ValueError as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
