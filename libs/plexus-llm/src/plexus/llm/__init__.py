@@ -13,6 +13,7 @@ Public API (the ``_modules`` are private):
 - middleware at the turn, model-call and tool-call stages: `Middleware`, `ProviderRetry`, `RateLimit`,
   `ToolOutputLimit`
 - durable approvals: ``@tool(needs_approval=True)``, `approve`
+- typed outputs: ``LLMAgent(output_type=...)``, `OutputSpec`, `OutputValidationError`
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
@@ -43,6 +44,7 @@ from ._errors import (
     AuthenticationError,
     BadRequestError,
     ContextTooLongError,
+    OutputValidationError,
     ProviderError,
     ProviderProtocolError,
     ProviderUnavailableError,
@@ -62,6 +64,7 @@ from ._journal import JOURNAL_SEQ_KEY, LlmStep
 from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
+from ._output import OUTPUT_TOOL, OutputSpec, strict_schema
 from ._scripted import ScriptedModel, ScriptedTurn, ScriptExhaustedError
 from ._settings import ModelSettings, UnsupportedSettingError
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
@@ -71,6 +74,7 @@ __all__ = [
     "FINISH_KEY",
     "INVALID_ARGUMENTS_KEY",
     "JOURNAL_SEQ_KEY",
+    "OUTPUT_TOOL",
     "PENDING_KEY",
     "TRANSCRIPT_KEY",
     "AnthropicModel",
@@ -97,6 +101,8 @@ __all__ = [
     "ModelTurn",
     "NoPendingApprovalError",
     "OpenAIChatModel",
+    "OutputSpec",
+    "OutputValidationError",
     "PrefixFold",
     "ProviderError",
     "ProviderProtocolError",
@@ -130,6 +136,7 @@ __all__ = [
     "openai_messages",
     "openai_request",
     "safe_cuts",
+    "strict_schema",
     "tool",
     "tool_output_blocks",
 ]

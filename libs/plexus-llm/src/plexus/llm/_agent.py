@@ -15,6 +15,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from plexus.core import (
     AgentStep,
     BaseBlock,
@@ -42,6 +44,7 @@ from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._memo import encode_json, transcript_bytes, transcript_json
 from ._middleware import Middleware, ModelCall, ProviderRetry, Turn, chain
+from ._output import StructuredOutput
 from ._settings import TOOL_CHOICES, ModelSettings
 from ._tools import Tool, ToolRegistry
 from ._toolstep import ToolStep
@@ -82,6 +85,9 @@ class LLMAgent(Agent):
     ``settings``: `ModelSettings` sent with every model call (its ``max_tokens``/``temperature`` win over the
     arguments); a model middleware overrides them per call (``context.with_settings``). The model's adapter
     refuses here what its provider cannot honour (`UnsupportedSettingError`).
+    ``output_type``: a pydantic model the final answer is validated into (`_output.py`); the reply is then one
+    `DataBlock` of it; an answer that does not validate is fed back ``output_retries`` times, then the message
+    fails with `OutputValidationError`.
     """
 
     def __init__(
@@ -100,6 +106,8 @@ class LLMAgent(Agent):
         check_max_age: float = 0.5,
         max_transcript_bytes: int | None = 512 * 1024,
         settings: ModelSettings | None = None,
+        output_type: type[BaseModel] | None = None,
+        output_retries: int = 1,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -118,6 +126,9 @@ class LLMAgent(Agent):
         self.temperature = temperature
         self.settings = settings if settings is not None else ModelSettings()
         self._check_settings()
+        #: The typed answer asked for; None: no output work on any turn.
+        self._output = StructuredOutput(output_type, output_retries, self.tools) if output_type else None
+        self._output_spec = self._output.spec if self._output is not None else None
         self.journal_enabled = journal
         self.compaction = compaction
         self.middleware = list(middleware)
@@ -196,6 +207,7 @@ class LLMAgent(Agent):
             items = [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
         turns = 0
         finish = "max_turns"
+        attempt = self._output.attempt() if self._output is not None else None
         last: ModelTurn | None = None
         if terminated:  # the resumed tool step ended the run: no follow-up call, as on the loop's own path
             finish = "terminated"
@@ -221,6 +233,12 @@ class LLMAgent(Agent):
             items.append(turn.item)
             last = turn
             kind = turn.finish_reason.kind
+            if attempt is not None and (verdict := attempt.judge(turn)) is not None:
+                items.extend(verdict.items)  # a pure function of the turn: replayed turns give it again
+                if attempt.value is None:
+                    continue  # the model was told what did not validate: it answers again
+                finish = FinishReasonKind.COMPLETED.value
+                break
             if (
                 len(outcome) == 1
                 and kind is FinishReasonKind.TOOL_CALL
@@ -252,6 +270,8 @@ class LLMAgent(Agent):
         await ctx.emit_progress(
             AgentStep.DONE, metadata={"finish": finish, "steps": step, "usage": self._usage_meta()}
         )
+        if attempt is not None and attempt.value is not None:
+            return attempt.reply({FINISH_KEY: finish})
         return _reply(last.item if last is not None else resumed_turn, finish)
 
     async def _open(self, ctx: Context) -> Journal | None:
@@ -370,6 +390,7 @@ class LLMAgent(Agent):
             model_turn.finish_reason.kind is FinishReasonKind.TOOL_CALL
             and calls
             and not self._needs_approval(calls)
+            and (self._output is None or not self._output.claims(calls))
         ):
             # Right after a model call its ctx.usage() verified the tree's budget: no second read.
             await turn.ctx.check(max_age=self.check_max_age)
@@ -390,6 +411,7 @@ class LLMAgent(Agent):
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             settings=self.settings,
+            output=self._output_spec,
         )
         started = time.monotonic()
 

@@ -51,6 +51,7 @@ from ._events import (
 )
 from ._fold import PrefixFold
 from ._openai import _retry_after
+from ._output import anthropic_output
 from ._settings import ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
 if TYPE_CHECKING:
@@ -123,6 +124,8 @@ def _request(model: str, request: ModelRequest, settings: SettingsCache) -> dict
     if request.tools:
         body["tools"] = anthropic_tools(request.tools)
         body.update(with_tools)
+    if request.output is not None:
+        anthropic_output(body, request.output, with_tools, request.settings)
     body.update(request.extra)
     return body
 

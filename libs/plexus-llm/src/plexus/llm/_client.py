@@ -10,6 +10,7 @@ from plexus.core import Item, ItemKind, JsonValue, TextBlock, ToolResultBlock
 
 from ._accumulate import ModelTurn, TurnAccumulator
 from ._events import ModelEvent
+from ._output import OutputSpec
 from ._settings import ModelSettings
 
 __all__ = ["ModelClient", "ModelRequest", "ToolSpec", "complete"]
@@ -39,6 +40,8 @@ class ModelRequest:
     #: Provider-specific request fields merged last (e.g. ``{"thinking": {...}}`` for Anthropic).
     extra: dict[str, JsonValue] = field(default_factory=dict)
     settings: ModelSettings = _NO_SETTINGS
+    #: The typed answer asked for (`LLMAgent(output_type=...)`); each adapter asks its provider its own way.
+    output: OutputSpec | None = None
 
     def with_settings(self, settings: ModelSettings) -> ModelRequest:
         """This request with ``settings``' set values winning over its own (a model middleware's override)."""

@@ -3,7 +3,7 @@ the type (retry a `RateLimitError` after ``retry_after_s``, never retry an `Auth
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from plexus.core import KernelError
 
@@ -11,6 +11,7 @@ __all__ = [
     "AuthenticationError",
     "BadRequestError",
     "ContextTooLongError",
+    "OutputValidationError",
     "ProviderError",
     "ProviderProtocolError",
     "ProviderUnavailableError",
@@ -80,3 +81,17 @@ class TranscriptTooLargeError(KernelError):
         super().__init__(message)
         self.size = size
         self.limit = limit
+
+
+class OutputValidationError(KernelError):
+    """The model's final answer did not validate into ``output_type`` after ``output_retries`` retries;
+    ``errors`` are the last attempt's validation errors (pydantic's, without their input)."""
+
+    fields: ClassVar[tuple[str, ...]] = ("message", "output_type", "errors")
+
+    def __init__(
+        self, message: str = "", output_type: str = "", errors: list[dict[str, Any]] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.output_type = output_type
+        self.errors = list(errors or [])

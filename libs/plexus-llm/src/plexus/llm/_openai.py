@@ -48,6 +48,7 @@ from ._events import (
     UsageEvent,
 )
 from ._fold import PrefixFold
+from ._output import openai_response_format
 from ._settings import TOOL_CHOICES, ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
 if TYPE_CHECKING:
@@ -139,6 +140,8 @@ def _request(model: str, request: ModelRequest, settings: SettingsCache) -> dict
     if request.tools:
         body["tools"] = openai_tools(request.tools)
         body.update(with_tools)
+    if request.output is not None:
+        body.update(openai_response_format(request.output))
     body.update(request.extra)
     return body
 

@@ -16,6 +16,7 @@ from ._context import Context
 from .client._client import Runtime
 from .client._cluster import ServiceUnavailableError
 from .client._supervisor import LocalSupervisor, Supervisor, new_root_run
+from .client._typed import ReplyValidationError
 from .interceptors._deadline import DeadlineInterceptor
 from .interceptors._interceptors import (
     Delivery,
@@ -98,6 +99,7 @@ __all__ = [
     "PublishInput",
     "Registry",
     "Reply",
+    "ReplyValidationError",
     "RunInfo",
     "Runtime",
     "SecurityLayout",

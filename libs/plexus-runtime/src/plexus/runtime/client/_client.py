@@ -12,13 +12,14 @@ import contextlib
 import re
 import time
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar, overload
 
 import msgspec
 import nats
 from nats.aio.client import Client as NATS
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
+from pydantic import BaseModel
 
 from plexus.core import (
     DEFAULT_NAMESPACE,
@@ -69,8 +70,12 @@ from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._delivery import Delivery
 from ._supervisor import new_root_run
+from ._typed import typed_reply
 
 __all__ = ["Runtime"]
+
+
+_T = TypeVar("_T", bound=BaseModel)
 
 
 class Runtime(RunsClient):
@@ -332,6 +337,34 @@ class Runtime(RunsClient):
         raise AgentNotFoundError.unregistered(agent_id, name, known)
 
     # -- send / publish -------------------------------------------------------------------------------
+    @overload
+    async def send_message(
+        self,
+        blocks: Sequence[BaseBlock],
+        agent_id: AgentId,
+        *,
+        timeout: float = ...,
+        sender: AgentId | None = ...,
+        run: RunInfo | None = ...,
+        message_id: str | None = ...,
+        kind: Literal["send", "spawn"] = ...,
+        output_type: None = None,
+    ) -> list[BaseBlock]: ...
+
+    @overload
+    async def send_message(
+        self,
+        blocks: Sequence[BaseBlock],
+        agent_id: AgentId,
+        *,
+        timeout: float = ...,
+        sender: AgentId | None = ...,
+        run: RunInfo | None = ...,
+        message_id: str | None = ...,
+        kind: Literal["send", "spawn"] = ...,
+        output_type: type[_T],
+    ) -> _T: ...
+
     async def send_message(
         self,
         blocks: Sequence[BaseBlock],
@@ -342,10 +375,13 @@ class Runtime(RunsClient):
         run: RunInfo | None = None,
         message_id: str | None = None,
         kind: Literal["send", "spawn"] = "send",
-    ) -> list[BaseBlock]:
+        output_type: type[_T] | None = None,
+    ) -> list[BaseBlock] | _T:
         """RPC: deliver `blocks` to `agent_id` and return its reply, or raise its typed error.
 
         ``kind="spawn"`` marks the message as the entry of a child run (used by `Context.spawn`).
+        ``output_type``: a pydantic model the reply's DataBlock is validated into and returned as
+        (`ReplyValidationError` when it carries none, or one that does not validate).
         """
         if timeout <= 0:
             raise ValueError(f"timeout must be positive, got {timeout}")
@@ -360,7 +396,7 @@ class Runtime(RunsClient):
             kind=kind,
         )
         result: list[BaseBlock] = await self._send_chain(inp)
-        return result
+        return result if output_type is None else typed_reply(result, output_type)
 
     async def _send_terminal(self, inp: SendInput) -> list[BaseBlock]:
         deadline = time.monotonic() + inp.timeout_s

@@ -6,12 +6,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Collection, Sequence
+from typing import TypeVar, overload
 
 import msgspec
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from pydantic import BaseModel
 
 from plexus.core import (
     AgentId,
@@ -47,11 +49,15 @@ from plexus.runtime.wire._orchestration import (
 from plexus.runtime.wire._subjects import Subjects, escape_token
 
 from ._cluster import OrchestratorClient
+from ._typed import typed_reply
 
 __all__ = ["RunsClient"]
 
 #: While a run is awaited its record is read again this often (seconds), in case a write's message was lost.
 _REREAD_S = 2.0
+
+
+_T = TypeVar("_T", bound=BaseModel)
 
 
 class RunsClient:
@@ -199,11 +205,23 @@ class RunsClient:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
 
-    async def run_result(self, run_id: str, *, timeout: float = 60.0) -> list[BaseBlock]:
-        """The root's reply when the run completed; otherwise raise the run's typed error."""
+    @overload
+    async def run_result(
+        self, run_id: str, *, timeout: float = ..., output_type: None = None
+    ) -> list[BaseBlock]: ...
+
+    @overload
+    async def run_result(self, run_id: str, *, timeout: float = ..., output_type: type[_T]) -> _T: ...
+
+    async def run_result(
+        self, run_id: str, *, timeout: float = 60.0, output_type: type[_T] | None = None
+    ) -> list[BaseBlock] | _T:
+        """The root's reply when the run completed; otherwise raise the run's typed error. ``output_type``:
+        the reply's DataBlock validated into that pydantic model (`ReplyValidationError` otherwise)."""
         record = await self.wait_run(run_id, timeout=timeout)
         if record.status == RunStatus.COMPLETED:
-            return blocks_from_payload(record.output) if record.output is not None else []
+            blocks = blocks_from_payload(record.output) if record.output is not None else []
+            return blocks if output_type is None else typed_reply(blocks, output_type)
         raise KernelError.from_wire(
             record.error or {"error_type": "KernelError", "message": record.reason or ""}
         )
