@@ -12,6 +12,7 @@ Public API (the ``_modules`` are private):
 - compaction: `CompactionPipeline` and its strategies (tool pairs never split)
 - middleware at the turn, model-call and tool-call stages: `Middleware`, `ProviderRetry`, `RateLimit`,
   `ToolOutputLimit`
+- handoffs between agents: ``LLMAgent(handoffs=...)``, `Handoff`, `without_tool_calls`
 - durable approvals: ``@tool(needs_approval=True)``, `approve`
 - typed outputs: ``LLMAgent(output_type=...)``, `OutputSpec`, `OutputValidationError`
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
@@ -60,6 +61,7 @@ from ._events import (
     UsageEvent,
 )
 from ._fold import PrefixFold
+from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
 from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
@@ -72,6 +74,7 @@ from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_bl
 __all__ = [
     "APPROVAL_KEY",
     "FINISH_KEY",
+    "HANDOFF_KEY",
     "INVALID_ARGUMENTS_KEY",
     "JOURNAL_SEQ_KEY",
     "OUTPUT_TOOL",
@@ -87,6 +90,8 @@ __all__ = [
     "DropFailedToolResults",
     "DropReasoning",
     "FinishEvent",
+    "Handoff",
+    "HandoffInputError",
     "ItemMemo",
     "KeepRecent",
     "LLMAgent",
@@ -139,4 +144,5 @@ __all__ = [
     "strict_schema",
     "tool",
     "tool_output_blocks",
+    "without_tool_calls",
 ]

@@ -41,6 +41,7 @@ from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
 from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
+from ._handoff import Handoffs, HandoffTarget, handed_back, handed_over
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._memo import encode_json, transcript_bytes, transcript_json
 from ._middleware import Middleware, ModelCall, ProviderRetry, Turn, chain
@@ -88,6 +89,7 @@ class LLMAgent(Agent):
     ``output_type``: a pydantic model the final answer is validated into (`_output.py`); the reply is then one
     `DataBlock` of it; an answer that does not validate is fed back ``output_retries`` times, then the message
     fails with `OutputValidationError`.
+    ``handoffs``: agents the model may hand the conversation to (``transfer_to_<name>`` tools; `Handoff`).
     """
 
     def __init__(
@@ -108,6 +110,7 @@ class LLMAgent(Agent):
         settings: ModelSettings | None = None,
         output_type: type[BaseModel] | None = None,
         output_retries: int = 1,
+        handoffs: Sequence[HandoffTarget] = (),
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -121,6 +124,8 @@ class LLMAgent(Agent):
         self.model = model
         self.system = system
         self.tools = ToolRegistry(tools)
+        #: ``transfer_to_<name>`` tools (`_handoff.py`); None: no handoff work on any turn.
+        self.handoffs = Handoffs(handoffs, self.tools) if handoffs else None
         self.max_turns = max_turns
         self.max_tokens = max_tokens
         self.temperature = temperature
@@ -204,7 +209,11 @@ class LLMAgent(Agent):
                 f"call {decision['call_id']!r} awaits no approval", decision["call_id"]
             )
         else:
-            items = [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
+            # A handoff's message carries the conversation to continue from, in place of this agent's own.
+            handed = handed_over(blocks)
+            items = (
+                handed if handed is not None else [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
+            )
         turns = 0
         finish = "max_turns"
         attempt = self._output.attempt() if self._output is not None else None
@@ -262,6 +271,9 @@ class LLMAgent(Agent):
                 log.warning("unknown finish reason %r treated as completed", turn.finish_reason.raw)
             finish = kind.value
             break
+        answer = handed_back(items[-1]) if finish == "terminated" and self.handoffs is not None else None
+        if answer is not None:
+            finish = "handoff"  # the target's answer is the reply
         # Every step stored before the state takes the transcript: a failed append leaves the state as it was.
         end = await journal.settle() if journal is not None else None
         self._keep(items)
@@ -272,7 +284,7 @@ class LLMAgent(Agent):
         )
         if attempt is not None and attempt.value is not None:
             return attempt.reply({FINISH_KEY: finish})
-        return _reply(last.item if last is not None else resumed_turn, finish)
+        return _reply(answer or (last.item if last is not None else resumed_turn), finish)
 
     async def _open(self, ctx: Context) -> Journal | None:
         """Check the run tree and open the message's journal: the two reads go out together."""
@@ -297,7 +309,13 @@ class LLMAgent(Agent):
         """Refuse, now, settings the model's provider cannot honour (its adapter's ``check_settings`` raises
         `UnsupportedSettingError`) and a ``tool_choice`` naming no tool of this agent."""
         choice = self.settings.tool_choice
-        if choice is not None and choice not in TOOL_CHOICES and self.tools.get(choice) is None:
+        handoff = self.handoffs is not None and self.handoffs.get(choice or "") is not None
+        if (
+            choice is not None
+            and choice not in TOOL_CHOICES
+            and self.tools.get(choice) is None
+            and not handoff
+        ):
             raise ValueError(
                 f"settings.tool_choice {choice!r} is none of {TOOL_CHOICES} nor a tool of this agent"
             )
@@ -394,6 +412,10 @@ class LLMAgent(Agent):
         ):
             # Right after a model call its ctx.usage() verified the tree's budget: no second read.
             await turn.ctx.check(max_age=self.check_max_age)
+            if self.handoffs is not None and self.handoffs.called(calls):
+                items = [*turn.items, model_turn.item]
+                outcome.append(await self.handoffs.step(turn.ctx, items, calls, journal, step + 1))
+                return
             outcome.append(await self._tool_step(turn.ctx, model_turn.tool_calls, journal, step + 1))
 
     async def _model_step(
@@ -407,7 +429,7 @@ class LLMAgent(Agent):
         await ctx.emit_progress(AgentStep.THINKING, metadata={"step": step, "usage": self._usage_meta()})
         request = ModelRequest(
             items=[*self._system_items(), *items],
-            tools=self.tools.specs,
+            tools=self.tools.specs if self.handoffs is None else [*self.tools.specs, *self.handoffs.specs],
             max_tokens=self.max_tokens,
             temperature=self.temperature,
             settings=self.settings,
