@@ -139,14 +139,14 @@ def role_permissions(
         # What it serves: `progress.<root>.<type>.<key>`, `stream.<type>.<key>`, registry `<ns>.<type>`.
         served = (
             [f"{p}.*.progress.>", f"{p}.*.stream.>", "$KV.plexus_registry.>"]
-            if agent_types is None
+            if not agent_types
             else [
                 *(f"{p}.*.progress.*.{t}.*" for t in types),
                 *(f"{p}.*.stream.{t}.*" for t in types),
                 *(f"$KV.plexus_registry.*.{t}" for t in types),
             ]
         )
-        stateless = [f"{p}.*.eph.>"] if agent_types is None else [f"{p}.*.eph.{t}.*" for t in types]
+        stateless = [f"{p}.*.eph.>"] if not agent_types else [f"{p}.*.eph.{t}.*" for t in types]
         return Permissions(
             publish_allow=[
                 f"{p}.*.in.>",  # sending to and spawning any type
