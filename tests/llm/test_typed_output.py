@@ -5,6 +5,10 @@ scripted output-tool call on ScriptedModel; an answer that does not validate is 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+from pathlib import Path
 from typing import Any
 
 import anthropic
@@ -18,6 +22,7 @@ from plexus.llm import (
     OUTPUT_TOOL,
     AnthropicModel,
     LLMAgent,
+    LlmStep,
     ModelRequest,
     ModelSettings,
     OpenAIChatModel,
@@ -301,3 +306,51 @@ def test_anthropic_tool_choice_with_tools_user_choice_and_thinking() -> None:
     assert body(ModelSettings(tool_choice="lookup"))["tool_choice"] == {"type": "tool", "name": "lookup"}
     assert body(ModelSettings(tool_choice="auto"), with_tools=False)["tool_choice"] == {"type": "auto"}
     assert body(ModelSettings(thinking_budget=2048))["tool_choice"] == {"type": "auto"}
+
+
+# -- a crash after the validated turn ------------------------------------------------------------------
+
+
+async def test_a_crash_after_the_validated_turn_replays_it_and_the_retry_without_asking_again(
+    runtime: Runtime, worker_process: Any, tmp_path: Path
+) -> None:
+    """Turn 1 does not validate (fed back), turn 2 does; the worker is SIGKILLed after turn 2 is journaled,
+    before the commit. The next worker replays both turns, judges them again (the feedback is a function of
+    turn 1, not journaled) and replies with the value: the provider was asked twice in all."""
+    from .apps_typed import City as WorkerCity  # the class the worker validates into
+
+    answers = iter([MISSING, PARIS, PARIS])
+    marker = tmp_path / "after-turn-2"
+    agent = AgentId("geo", "c1")
+    async with FakeProvider(lambda _: Sse(openai_frames(next(answers)))) as fake:
+        env = {"FAKE_OPENAI_URL": fake.base_url}
+        first = worker_process(
+            "tests.llm.apps_typed:app", "--worker-id", "w1", env={**env, "HOLD_AFTER_TURN": f"1:{marker}"}
+        )
+        await runtime.get("geo", lazy=False, timeout=60)  # hosted: an unknown type is refused at once
+        reply = asyncio.ensure_future(
+            runtime.send_message([TextBlock(text="Paris?")], agent, output_type=WorkerCity, timeout=90)
+        )
+        journal = runtime.event_log(AgentId("geo.llm-journal", "c1"))
+        for _ in range(600):
+            steps = [r.entry.step for r in await journal.read() if isinstance(r.entry, LlmStep)]
+            if marker.exists() and steps == [0, 1]:
+                break
+            await asyncio.sleep(0.05)
+        else:
+            raise AssertionError(f"the worker never stored turn 2: {_logs(tmp_path)}")
+        os.kill(first.pid, signal.SIGKILL)
+        assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
+        worker_process("tests.llm.apps_typed:app", "--worker-id", "w2", env=env)
+        assert await asyncio.wait_for(reply, 90) == WorkerCity(name="Paris", population=2100000)
+        assert fake.count == 2, _logs(tmp_path)
+        # The committed conversation holds the replayed feedback: the next message's request carries it.
+        await runtime.send_message([TextBlock(text="again?")], agent, output_type=WorkerCity, timeout=30)
+    roles = [(m["role"], str(m.get("content"))) for m in fake.requests[2]["messages"]]
+    assert [r for r, _ in roles] == ["user", "assistant", "user", "assistant", "user"]
+    assert "not a valid City" in roles[2][1]
+    assert "population" in roles[2][1]
+
+
+def _logs(tmp_path: Path) -> str:
+    return "\n".join(p.read_text(errors="replace")[-2000:] for p in sorted(tmp_path.glob("worker*.log")))
