@@ -162,6 +162,16 @@ async def test_a_run_awaiting_approval_shows_it_and_resumes_when_approved(gw: St
     ]
 
 
+async def test_a_plain_message_that_ends_awaiting_approval_is_a_409_naming_the_calls(gw: Stack) -> None:
+    """Issue 37 item 5: the suspension is a typed outcome (ApprovalRequired), not a 200 with a status."""
+    sent = await gw.client.post("/v1/agents/gatekeeper/g2/messages", json={"input": text("open")})
+    assert sent.status_code == 409, sent.text
+    problem = sent.json()
+    assert problem["error_type"] == "ApprovalRequired"
+    assert problem["fields"]["call_ids"] == ["door-1"]
+    assert problem["fields"]["agent_id"].endswith("gatekeeper/g2")
+
+
 async def test_events_stream_snapshot_then_live_then_done(gw: Stack) -> None:
     cmd = json.dumps({"children": 2, "leaf": {"steps": 3, "tokens": 1, "sleep": 0.05}})
     run_id = (await gw.client.post("/v1/runs", json={"agent_id": "fanout/e1", "input": text(cmd)})).json()[

@@ -1,28 +1,38 @@
-"""Durable approvals: a needs_approval tool suspends the loop; the decision comes from another process
-after the worker that suspended it has stopped, and the loop resumes on the new owner."""
+"""Durable approvals: a needs_approval tool suspends the loop (a plain send raises `ApprovalRequired`); the
+decision comes from another process after the worker that suspended it has stopped, is durable before any
+worker runs, and the loop resumes on the new owner. One API (`approve` / `deny`) for agents and runs:
+it returns once the decision is durable, and with ``wait=True`` the outcome."""
 
 from __future__ import annotations
 
 import asyncio
+import json
+import os
+import subprocess
+import sys
 from typing import Any
 
 import pytest
 from pydantic import BaseModel
 
-from plexus.core import AgentId, DataBlock, ErrorBlock, KernelError, TextBlock, ToolResultBlock
+from plexus.core import AgentId, ErrorBlock, KernelError, TextBlock, ToolResultBlock
 from plexus.llm import (
     FINISH_KEY,
     ApprovalPendingError,
+    ApprovalRequired,
     LLMAgent,
     ModelRequest,
     NoPendingApprovalError,
     ScriptedModel,
     ScriptedTurn,
     approve,
+    deny,
     tool,
 )
-from plexus.runtime import App, Runtime
+from plexus.runtime import App, NatsServer, Runtime
 from plexus.runtime.orchestration import RunStateError, RunStatus
+from tests.runtime.conftest import REPO
+from tests.security.seeds import identity_env
 
 SENT: list[int] = []
 
@@ -55,33 +65,65 @@ def _script() -> ScriptedModel:
         [
             ScriptedTurn(tool_calls=[("c1", "transfer", {"amount": 5}), ("c2", "balance", {})]),
             ScriptedTurn(text="done"),
+            ScriptedTurn(text="you're welcome"),
         ]
     )
 
 
-async def test_approval_survives_a_worker_change(runtime: Runtime, start_worker: Any) -> None:
+def _texts(reply: list[Any]) -> list[str]:
+    return [b.text for b in reply if isinstance(b, TextBlock)]
+
+
+async def test_a_plain_send_raises_approval_required_and_the_decision_is_durable_before_any_worker_runs(
+    runtime: Runtime, start_worker: Any
+) -> None:
     SENT.clear()
     model = _script()
     agent = AgentId("payer", "alice")
     first = await start_worker(_app(model))
-    reply = await runtime.send_message([TextBlock(text="pay 5")], agent, timeout=20)
-    assert isinstance(reply[0], DataBlock)
-    assert reply[0].data == {"status": "awaiting_approval", "call_ids": ["c1"]}
+    with pytest.raises(ApprovalRequired) as required:
+        await runtime.send_message([TextBlock(text="pay 5")], agent, timeout=20)
+    assert required.value.agent_id == str(agent)
+    assert required.value.call_ids == ["c1"]
+    assert required.value.calls == [{"call_id": "c1", "tool_name": "transfer", "arguments": {"amount": 5}}]
+    assert KernelError.from_wire(required.value.to_wire()) == required.value
     assert len(model.requests) == 1
     assert SENT == []  # nothing ran, not even the ungated balance call of the same turn
     with pytest.raises(ApprovalPendingError):
         await runtime.send_message([TextBlock(text="hello?")], agent, timeout=20)
 
     await first.stop(drain_timeout=5)  # the suspended loop lives only in the checkpointed state now
+    # No worker hosts the agent: approve returns once the decision is stored, not when it is handled.
+    await approve(runtime, agent, "c1", timeout=30)
+    # A repeated call (say, its answer was lost) stores nothing more.
+    await approve(runtime, agent, "c1", timeout=30)
+    assert SENT == []
     await start_worker(_app(model))
-    reply = await approve(runtime, agent, "c1", timeout=30)
-    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    # The next message queues behind the decision: its answer comes after the resumed loop's.
+    reply = await runtime.send_message([TextBlock(text="thanks")], agent, timeout=30)
+    assert _texts(reply) == ["you're welcome"]
     assert SENT == [5]
     results = _results(model.requests[1])
     assert results["c1"].content == [TextBlock(text="sent 5")]
     assert results["c2"].content == [TextBlock(text="100")]
+    assert len(model.requests) == 3
     with pytest.raises(NoPendingApprovalError):
-        await approve(runtime, agent, "c1", timeout=20)
+        await approve(runtime, agent, "c1", wait=True, timeout=20)
+
+
+async def test_approve_with_wait_returns_the_resumed_loops_answer(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    SENT.clear()
+    model = _script()
+    agent = AgentId("payer", "erin")
+    await start_worker(_app(model))
+    with pytest.raises(ApprovalRequired):
+        await runtime.send_message([TextBlock(text="pay 5")], agent, timeout=20)
+    reply = await approve(runtime, agent, "c1", wait=True, timeout=30)
+    assert _texts(reply) == ["done"]
+    assert {b.metadata[FINISH_KEY] for b in reply} == {"completed"}
+    assert SENT == [5]
 
 
 async def test_denied_call_is_an_error_the_model_sees(runtime: Runtime, start_worker: Any) -> None:
@@ -89,9 +131,10 @@ async def test_denied_call_is_an_error_the_model_sees(runtime: Runtime, start_wo
     model = _script()
     agent = AgentId("payer", "bob")
     await start_worker(_app(model))
-    await runtime.send_message([TextBlock(text="pay 5")], agent, timeout=20)
-    reply = await approve(runtime, agent, "c1", approved=False, reason="too much", timeout=20)
-    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    with pytest.raises(ApprovalRequired):
+        await runtime.send_message([TextBlock(text="pay 5")], agent, timeout=20)
+    reply = await deny(runtime, agent, "c1", reason="too much", wait=True, timeout=20)
+    assert _texts(reply) == ["done"]
     assert SENT == []
     (error,) = _results(model.requests[1])["c1"].content
     assert isinstance(error, ErrorBlock)
@@ -146,9 +189,10 @@ async def test_an_orchestrated_denial_reaches_the_model_and_the_run_completes(
     await start_worker(_app(model))
     run_id = await _started(runtime, AgentId("payer", "dave"))
     await runtime.wait_run(run_id, timeout=20, until={RunStatus.AWAITING_APPROVAL})
-    await runtime.deny(run_id, "c1", reason="not today")
-    reply = await runtime.run_result(run_id, timeout=20)
-    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    # A run id: the same API.
+    reply = await deny(runtime, run_id, "c1", reason="not today", wait=True, timeout=20)
+    assert _texts(reply) == ["done"]
+    assert (await runtime.get_run(run_id)).status == RunStatus.COMPLETED
     assert SENT == []
     (error,) = _results(model.requests[1])["c1"].content
     assert isinstance(error, ErrorBlock)
@@ -183,10 +227,15 @@ async def test_a_batch_tool_runs_only_the_approved_calls(runtime: Runtime, start
     app.register("batcher", lambda _id: LLMAgent(model, tools=[pay_all]))
     await start_worker(app)
     agent = AgentId("batcher", "b")
-    await runtime.send_message([TextBlock(text="pay both")], agent, timeout=20)
-    await approve(runtime, agent, "p1", approved=False, reason="no", timeout=20)
-    reply = await approve(runtime, agent, "p2", approved=True, timeout=20)
-    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    with pytest.raises(ApprovalRequired) as required:
+        await runtime.send_message([TextBlock(text="pay both")], agent, timeout=20)
+    assert required.value.call_ids == ["p1", "p2"]
+    with pytest.raises(ApprovalRequired) as still:  # the outcome of one decision: it waits for the other
+        await deny(runtime, agent, "p1", reason="no", wait=True, timeout=20)
+    assert still.value.call_ids == ["p2"]
+    assert [c["arguments"] for c in still.value.calls] == [{"amount": 7}]
+    reply = await approve(runtime, agent, "p2", approved=True, wait=True, timeout=20)
+    assert _texts(reply) == ["done"]
     assert PAID == [7]  # one invocation, with the approved call only
     results = _results(model.requests[1])
     (denied,) = results["p1"].content
@@ -205,8 +254,73 @@ async def test_an_approved_terminating_tool_ends_the_run_without_a_follow_up_cal
     app.register("closer", lambda _id: LLMAgent(model, tools=[close_account]))
     await start_worker(app)
     agent = AgentId("closer", "c")
-    await runtime.send_message([TextBlock(text="close it")], agent, timeout=20)
-    reply = await approve(runtime, agent, "x1", approved=True, timeout=20)
+    with pytest.raises(ApprovalRequired):
+        await runtime.send_message([TextBlock(text="close it")], agent, timeout=20)
+    reply = await approve(runtime, agent, "x1", approved=True, wait=True, timeout=20)
     assert len(model.requests) == 1  # terminate: no model call after the resumed tool step
     assert [b.text for b in reply if isinstance(b, TextBlock)] == ["closing"]
     assert {b.metadata[FINISH_KEY] for b in reply} == {"terminated"}
+
+
+async def test_approve_with_wait_on_a_run_gives_the_outcome_an_answer_or_the_calls_it_still_waits_for(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    PAID.clear()
+    calls = [("p1", "pay_all", {"amount": 5}), ("p2", "pay_all", {"amount": 7})]
+    model = ScriptedModel([ScriptedTurn(tool_calls=calls), ScriptedTurn(text="done")])
+    app = App()
+    app.register("batcher", lambda _id: LLMAgent(model, tools=[pay_all]))
+    await start_worker(app)
+    run_id = await _started(runtime, AgentId("batcher", "run"))
+    await runtime.wait_run(run_id, timeout=20, until={RunStatus.AWAITING_APPROVAL})
+    with pytest.raises(ApprovalRequired) as still:
+        await approve(runtime, run_id, "p1", wait=True, timeout=20)
+    assert still.value.call_ids == ["p2"]
+    assert [c["call_id"] for c in still.value.calls] == ["p2"]
+    record = await runtime.approve(run_id, "p2", wait=True, timeout=20)
+    assert record.status == RunStatus.COMPLETED
+    assert _texts(await runtime.run_result(run_id, timeout=20)) == ["done"]
+    assert PAID == [5, 7]
+
+
+_CLIENT = """
+import asyncio, json, sys
+from plexus.core import AgentId, KernelError, TextBlock
+from plexus.runtime import Runtime
+
+async def main() -> None:
+    rt = await Runtime.connect(sys.argv[1])
+    try:
+        await rt.send_message([TextBlock(text="pay 5")], AgentId("payer", "remote"), timeout=60)
+        got = None
+    except KernelError as exc:
+        got = [type(exc).__module__, type(exc).__name__, exc.field_values()]
+    finally:
+        await rt.close()
+    print(json.dumps({"llm_imported": "plexus.llm" in sys.modules, "error": got}))
+
+asyncio.run(main())
+"""
+
+
+async def test_a_client_that_never_imported_plexus_llm_gets_approval_required_with_the_calls(
+    nats_server: NatsServer, start_worker: Any
+) -> None:
+    await start_worker(_app(_script()))
+    env = {**os.environ, "PYTHONPATH": str(REPO), **identity_env(nats_server, "client")}
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _CLIENT, nats_server.url],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env=env,
+    )
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["llm_imported"] is False
+    module, name, fields = result["error"]
+    assert (module, name) == ("plexus.runtime.wire._orchestration", "ApprovalRequired")
+    assert fields["call_ids"] == ["c1"]
+    assert fields["calls"] == [{"call_id": "c1", "tool_name": "transfer", "arguments": {"amount": 5}}]

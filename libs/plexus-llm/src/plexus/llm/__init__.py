@@ -13,7 +13,7 @@ Public API (the ``_modules`` are private):
 - middleware at the turn, model-call and tool-call stages: `Middleware`, `ProviderRetry`, `RateLimit`,
   `ToolOutputLimit`
 - handoffs between agents: ``LLMAgent(handoffs=...)``, `Handoff`, `without_tool_calls`
-- durable approvals: ``@tool(needs_approval=True)``, `approve`
+- durable approvals: ``@tool(needs_approval=True)``, `approve` / `deny`, `ApprovalRequired`
 - typed outputs: ``LLMAgent(output_type=...)``, `OutputSpec`, `OutputValidationError`
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
@@ -27,9 +27,11 @@ from ._approvals import (
     APPROVAL_KEY,
     PENDING_KEY,
     ApprovalPendingError,
+    ApprovalRequired,
     NoPendingApprovalError,
     approval_blocks,
     approve,
+    deny,
 )
 from ._client import ModelClient, ModelRequest, ToolSpec, complete
 from ._compaction import (
@@ -82,6 +84,7 @@ __all__ = [
     "TRANSCRIPT_KEY",
     "AnthropicModel",
     "ApprovalPendingError",
+    "ApprovalRequired",
     "AuthenticationError",
     "BadRequestError",
     "CompactionPipeline",
@@ -138,6 +141,7 @@ __all__ = [
     "approval_blocks",
     "approve",
     "complete",
+    "deny",
     "openai_messages",
     "openai_request",
     "safe_cuts",

@@ -189,7 +189,7 @@ class LLMAgent(Agent):
             pending["decisions"][decision["call_id"]] = decision
             if set(pending["decisions"]) != set(pending["calls"]):
                 ctx.await_approval([c for c in pending["calls"] if c not in pending["decisions"]])
-                return _awaiting(pending)
+                return _awaiting(pending, history[-1].blocks)
             # Every pending call is decided: run the tool step of the suspended turn, then go on.
             calls_made = [b for b in history[-1].blocks if isinstance(b, ToolUseBlock)]
             self._decisions = dict(pending["decisions"])
@@ -393,7 +393,7 @@ class LLMAgent(Agent):
             metadata={"awaiting_approval": calls, "steps": step, "usage": self._usage_meta()},
         )
         ctx.await_approval(calls)  # an orchestrated run waits (status awaiting_approval), not completes
-        return _awaiting(pending)
+        return _awaiting(pending, waiting)
 
     async def _iteration(
         self, turn: Turn, *, journal: Journal | None, step: int, outcome: list[ModelTurn | Item]
@@ -510,9 +510,15 @@ async def _race_cancellation(ctx: Context, work: Any) -> ModelTurn:
         registration.unregister()
 
 
-def _awaiting(pending: dict[str, Any]) -> list[BaseBlock]:
+def _awaiting(pending: dict[str, Any], made: Sequence[BaseBlock]) -> list[BaseBlock]:
+    """The suspended reply: the undecided call ids and, as `ApprovalRequired.calls`, what each call asks."""
     waiting = [c for c in pending["calls"] if c not in pending["decisions"]]
-    data: dict[str, JsonValue] = {"status": "awaiting_approval", "call_ids": list(waiting)}
+    calls: list[JsonValue] = [
+        {"call_id": b.call_id, "tool_name": b.tool_name, "arguments": b.arguments}
+        for b in made
+        if isinstance(b, ToolUseBlock) and b.call_id in waiting
+    ]
+    data: dict[str, JsonValue] = {"status": "awaiting_approval", "call_ids": list(waiting), "calls": calls}
     return [DataBlock(data=data, metadata={FINISH_KEY: "awaiting_approval"})]
 
 

@@ -41,6 +41,7 @@ _KERNEL_STATUS: dict[str, int] = {
     "PayloadTooLargeError": 413,
     "SubjectTooLongError": 422,
     "RunStateError": 409,
+    "ApprovalRequired": 409,  # handled; the agent now waits for decisions (fields: call_ids, calls)
     "CancellationError": 409,
     "BudgetExhaustedError": 409,
     "SpawnDenied": 409,

@@ -63,12 +63,14 @@ from plexus.runtime.wire._envelope import (
     payload_from_blocks,
     topic_copy_id,
 )
+from plexus.runtime.wire._orchestration import ApprovalRequired
 from plexus.runtime.wire._subjects import Subjects, checkpoint_key, escape_token
 
 from ._calls import ClientCalls
 from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._delivery import Delivery
+from ._post import PostClient
 from ._supervisor import new_root_run
 from ._typed import typed_reply
 
@@ -78,7 +80,7 @@ __all__ = ["Runtime"]
 _T = TypeVar("_T", bound=BaseModel)
 
 
-class Runtime(RunsClient):
+class Runtime(RunsClient, PostClient):
     """A connection to a Plexus cluster. Use `await Runtime.connect(url)` or `await Runtime.embedded()`."""
 
     def __init__(
@@ -379,6 +381,8 @@ class Runtime(RunsClient):
     ) -> list[BaseBlock] | _T:
         """RPC: deliver `blocks` to `agent_id` and return its reply, or raise its typed error.
 
+        A handler that ended waiting for decisions (`Context.await_approval`) has no reply yet: that is
+        `ApprovalRequired` (with the ids), raised once its state is committed.
         ``kind="spawn"`` marks the message as the entry of a child run (used by `Context.spawn`).
         ``output_type``: a pydantic model the reply's DataBlock is validated into and returned as
         (`ReplyValidationError` when it carries none, or one that does not validate).
@@ -425,6 +429,9 @@ class Runtime(RunsClient):
             reply = await self._delivery.request(
                 subject, data, headers, env.id, inp.recipient, inp.timeout_s, deadline
             )
+        if reply.ok and reply.awaiting and inp.kind == "send":
+            # The handler committed a suspension, not an answer: a typed outcome, never mistaken for one.
+            raise ApprovalRequired.of_reply(str(inp.recipient), reply.awaiting, self._unwrap(reply))
         return self._unwrap(reply)
 
     def _inbox_of(self, recipient: AgentId, durable: bool) -> str:

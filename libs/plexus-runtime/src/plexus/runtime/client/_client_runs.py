@@ -145,20 +145,37 @@ class RunsClient:
         return await self.orchestrator.call("get", GetRunRequest(run_id=run_id), RunRecord)
 
     async def approve(
-        self, run_id: str, decision_id: str, *, approved: bool = True, reason: str = ""
+        self,
+        run_id: str,
+        decision_id: str,
+        *,
+        approved: bool = True,
+        reason: str = "",
+        wait: bool = False,
+        timeout: float = 60.0,
     ) -> RunRecord:
         """Decide one thing an ``awaiting_approval`` run waits for (a tool call id), from any process.
 
-        The orchestrator checks that the run waits for `decision_id` and delivers the decision to its
-        agent inside the run, on whichever worker owns the agent then; the run is ``running`` again
-        (returned) and ends as its agent answers (`wait_run` / `run_result`). RunStateError when it
-        waits for no such thing."""
+        Returns once the decision is durable: the orchestrator checked that the run waits for
+        `decision_id`, stored the message that carries it in the agent's inbox stream (handled inside the
+        run, on whichever worker owns the agent then, also one that starts later) and recorded it; the run
+        is ``running`` again, or still ``awaiting_approval`` for its other ids. With ``wait=True`` it
+        returns once the outcome is known instead: the run ended (`run_result` has its answer) or awaits
+        decisions again. RunStateError when it waits for no such thing."""
         request = ApproveRequest(run_id=run_id, id=decision_id, approved=approved, reason=reason)
-        return await self.orchestrator.call("approve", request, RunRecord)
+        record = await self.orchestrator.call("approve", request, RunRecord)
+        if wait and record.status == RunStatus.RUNNING:
+            until = {*TERMINAL, RunStatus.AWAITING_APPROVAL}
+            record = await self.wait_run(run_id, timeout=timeout, until=until)
+        return record
 
-    async def deny(self, run_id: str, decision_id: str, reason: str = "") -> RunRecord:
+    async def deny(
+        self, run_id: str, decision_id: str, reason: str = "", *, wait: bool = False, timeout: float = 60.0
+    ) -> RunRecord:
         """`approve` with ``approved=False``: the agent sees the refusal (an error result for the call)."""
-        return await self.approve(run_id, decision_id, approved=False, reason=reason)
+        return await self.approve(
+            run_id, decision_id, approved=False, reason=reason, wait=wait, timeout=timeout
+        )
 
     async def cancel_run(self, run_id: str, reason: str = "cancelled") -> RunRecord:
         """Cancel the run tree; every agent of it on every worker sees CancellationError(reason)."""

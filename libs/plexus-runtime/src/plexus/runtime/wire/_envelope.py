@@ -161,6 +161,7 @@ class _ReplyWire(msgspec.Struct, frozen=True, kw_only=True):
     payload: msgspec.Raw = _NULL
     error: dict[str, Any] | None = None
     handled_by: str | None = None
+    awaiting: list[str] | None = None
 
 
 # Built once: msgspec compiles the type's decoding plan at construction.
@@ -298,7 +299,13 @@ def decode_reply(data: bytes | bytearray | memoryview) -> Reply:
     elif not _is_json_array(wire.payload):
         raise WireError("schema", "reply payload must be a JSON array of content blocks")
     return Reply(
-        v=wire.v, id=wire.id, ok=wire.ok, payload=payload, error=wire.error, handled_by=wire.handled_by
+        v=wire.v,
+        id=wire.id,
+        ok=wire.ok,
+        payload=payload,
+        error=wire.error,
+        handled_by=wire.handled_by,
+        awaiting=wire.awaiting,
     )
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "ORCH_SERVICE_NAME",
     "ORCH_VERSION",
     "TERMINAL",
+    "ApprovalRequired",
     "ApproveRequest",
     "CancelNotice",
     "CancelRequest",
@@ -309,6 +310,34 @@ class RunStateError(KernelError):
         self.status = status
         self.action = action
         super().__init__(f"cannot {action}: run {run_id} is {status}")
+
+
+class ApprovalRequired(KernelError):
+    """The message was handled and its agent now waits for decisions (`Context.await_approval`): there is no
+    answer yet. `call_ids` are what it waits for; `calls` describe them as the agent reported them (JSON
+    objects with at least ``call_id``; an LLMAgent adds ``tool_name`` and ``arguments``). Decide each with
+    `plexus.llm.approve` / `deny` (or `Runtime.approve` for a run); the agent's answer comes after the last.
+    Raised by `Runtime.send_message`, not by the agent: its suspended state is committed like any reply."""
+
+    fields = ("agent_id", "call_ids", "calls")
+
+    def __init__(self, agent_id: str, call_ids: list[str], calls: list[dict[str, Any]] | None = None) -> None:
+        self.agent_id = str(agent_id)
+        self.call_ids = list(call_ids)
+        self.calls = [dict(c) for c in calls] if calls is not None else [{"call_id": i} for i in call_ids]
+        super().__init__(f"{self.agent_id} awaits approval of {', '.join(self.call_ids)}")
+
+    @classmethod
+    def of_reply(cls, agent_id: str, awaiting: list[str], blocks: list[BaseBlock]) -> ApprovalRequired:
+        """The error for a reply that ended awaiting `awaiting`; a reply that is one DataBlock with a list of
+        objects under ``calls`` (an LLMAgent's) describes them (those of `awaiting`: a run's record may still
+        hold the reply from before some were decided)."""
+        calls: list[dict[str, Any]] | None = None
+        if len(blocks) == 1 and isinstance(blocks[0], DataBlock):
+            listed = blocks[0].data.get("calls")
+            if isinstance(listed, list) and all(isinstance(c, dict) for c in listed):
+                calls = [dict(c) for c in listed if isinstance(c, dict) and c.get("call_id") in awaiting]
+        return cls(agent_id, awaiting, calls)
 
 
 # -- broadcasts ---------------------------------------------------------------------------------------
