@@ -149,3 +149,19 @@ def _scripted_llm(_id: AgentId) -> LLMAgent:
 
 
 app.register("llm", _scripted_llm, description="a scripted LLM agent: two turns and a tool call")
+
+
+helpdesk = app.register(
+    "helpdesk",
+    lambda _id: LLMAgent(ScriptedModel([ScriptedTurn(text="Helpdesk here: solved.")])),
+    description="the helpdesk: takes conversations handed over by the triage agent",
+)
+
+
+def _triage(_id: AgentId) -> LLMAgent:
+    """Hands the conversation to the helpdesk on its first turn (plexus.llm handoffs)."""
+    turn = ScriptedTurn(text="Passing you on.", tool_calls=[("h1", "transfer_to_helpdesk", {})])
+    return LLMAgent(ScriptedModel([turn]), handoffs=[helpdesk])
+
+
+app.register("triage", _triage, description="an LLM agent that hands every conversation to the helpdesk")

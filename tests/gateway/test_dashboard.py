@@ -157,6 +157,23 @@ async def test_each_llm_agent_shows_its_model_usage_and_the_tree_rolls_it_up(gw:
     await expect(page.locator("#t-usage")).to_have_attribute("data-input", "320")
 
 
+async def test_a_handoff_child_is_marked_in_the_tree(gw: Stack, page: Page) -> None:
+    """An LLM agent's handoff (plexus.llm): the child that took the conversation says from whom, and the
+    agent that handed off says to whom."""
+    started = await gw.client.post("/v1/runs", json={"agent_id": "triage/ui", "input": text("help me")})
+    run_id = started.json()["run_id"]
+    await gw.rt.wait_run(run_id, timeout=60)
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}")
+    child = page.locator('li.tree-node[data-agent^="helpdesk/"]')
+    await expect(child).to_have_attribute("data-handoff", "triage/ui")
+    await expect(child.locator("> .node .handoff")).to_have_text("handoff from triage/ui")
+    await expect(child).to_have_attribute("data-status", "completed")
+    helpdesk = await child.get_attribute("data-agent")
+    root = page.locator('li.tree-node[data-agent="triage/ui"]')
+    await expect(root.locator("> .node .handoff")).to_have_text(f"handed off to {helpdesk}")
+    await expect(root.locator("> .node .handoff")).to_be_visible()
+
+
 async def test_the_runs_list_follows_new_runs_without_a_refresh(gw: Stack, page: Page) -> None:
     await page.goto(f"{gw.url}/?token={TOKEN}")
     await expect(page.locator("#runs")).to_have_attribute("data-live", "live")

@@ -214,6 +214,11 @@ function applyProgress(p) {
   if (words) n.stream.push(`[${p.step}] ${words}`);
   // LLM agents report their model usage so far with their progress (plexus.llm): kept per node, live.
   if (p.metadata && p.metadata.usage) n.usage = p.metadata.usage;
+  // An LLM agent handing its conversation to another (plexus.llm handoffs): the target holds it now.
+  if (p.step === "handoff" && p.metadata && p.metadata.from && p.metadata.to) {
+    node(p.metadata.to).handoffFrom = p.metadata.from;
+    n.handedTo = p.metadata.to;
+  }
   queueRender();
 }
 
@@ -370,6 +375,11 @@ function renderNode(run) {
     for (const [key] of USAGE_PARTS) u.dataset[key.split("_")[0]] = String(n.usage[key] || 0);
     row.append(u);
   }
+  if (n.handoffFrom) {
+    li.dataset.handoff = n.handoffFrom;
+    row.append(text("span", `handoff from ${n.handoffFrom}`, "handoff"));
+  }
+  if (n.handedTo) row.append(text("span", `handed off to ${n.handedTo}`, "handoff handed"));
   if (run.reason && TERMINAL.has(run.status)) row.append(text("span", run.reason, "meta"));
   row.dataset.select = run.run_id;
   li.append(row);
