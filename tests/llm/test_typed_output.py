@@ -122,6 +122,11 @@ async def test_a_scripted_output_tool_call_is_the_typed_reply_and_is_answered(
     results = [b for i in model.requests[2].items for b in i.blocks if isinstance(b, ToolResultBlock)]
     assert [(r.call_id, r.is_error) for r in results] == [("c1", False), ("c2", False)]
     assert results[1].content == [TextBlock(text="Final result accepted.")]
+    # Only lookup ran as a tool: the final turn has no tool step in the journal.
+    journal = await runtime.event_log(AgentId("geo.llm-journal", "s2")).read()
+    steps = [(r.entry.step, r.entry.item.kind.value) for r in journal if isinstance(r.entry, LlmStep)]
+    assert steps[:3] == [(0, "assistant"), (1, "tool"), (2, "assistant")]
+    assert steps[3:] == [(0, "assistant")]  # the second message: one turn
 
 
 async def test_an_invalid_answer_is_fed_back_and_the_retry_is_typed(
