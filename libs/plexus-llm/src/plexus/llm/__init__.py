@@ -15,6 +15,8 @@ Public API (the ``_modules`` are private):
 - handoffs between agents: ``LLMAgent(handoffs=...)``, `Handoff`, `without_tool_calls`
 - durable approvals: ``@tool(needs_approval=True)``, `approve` / `deny`, `ApprovalRequired`
 - typed outputs: ``LLMAgent(output_type=...)``, `OutputSpec`, `OutputValidationError`
+- MCP servers as tool sources: `MCPServer` (stdio or streamable HTTP; `ToolSource`), its typed errors
+  `MCPServerError` / `MCPProtocolError` / `MCPTimeoutError` / `MCPToolError`, `close_mcp_connections`
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
@@ -65,6 +67,8 @@ from ._events import (
 from ._fold import PrefixFold
 from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
+from ._mcp import MCPServer, MCPTool, close_mcp_connections
+from ._mcperrors import MCPProtocolError, MCPServerError, MCPTimeoutError, MCPToolError
 from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
@@ -72,6 +76,7 @@ from ._output import OUTPUT_TOOL, OutputSpec, strict_schema
 from ._scripted import ScriptedModel, ScriptedTurn, ScriptExhaustedError
 from ._settings import ModelSettings, UnsupportedSettingError
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
+from ._toolsource import ToolSource
 
 __all__ = [
     "APPROVAL_KEY",
@@ -99,6 +104,12 @@ __all__ = [
     "KeepRecent",
     "LLMAgent",
     "LlmStep",
+    "MCPProtocolError",
+    "MCPServer",
+    "MCPServerError",
+    "MCPTimeoutError",
+    "MCPTool",
+    "MCPToolError",
     "Middleware",
     "ModelCall",
     "ModelClient",
@@ -130,6 +141,7 @@ __all__ = [
     "ToolCallDeltaEvent",
     "ToolOutputLimit",
     "ToolRegistry",
+    "ToolSource",
     "ToolSpec",
     "TranscriptTooLargeError",
     "Turn",
@@ -140,6 +152,7 @@ __all__ = [
     "anthropic_request",
     "approval_blocks",
     "approve",
+    "close_mcp_connections",
     "complete",
     "deny",
     "openai_messages",

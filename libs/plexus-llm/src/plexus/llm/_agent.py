@@ -48,6 +48,7 @@ from ._middleware import Middleware, ModelCall, ProviderRetry, Turn, chain
 from ._output import StructuredOutput
 from ._settings import TOOL_CHOICES, ModelSettings
 from ._tools import Tool, ToolRegistry
+from ._toolsource import ToolSource, ToolSources, split_sources
 from ._toolstep import ToolStep
 
 __all__ = ["FINISH_KEY", "TRANSCRIPT_KEY", "LLMAgent", "ModelFinishedWithError"]
@@ -97,7 +98,7 @@ class LLMAgent(Agent):
         model: ModelClient,
         *,
         system: str = "",
-        tools: Sequence[Tool] = (),
+        tools: Sequence[Tool | ToolSource] = (),
         max_turns: int = 10,
         max_tokens: int = 1024,
         temperature: float | None = None,
@@ -123,7 +124,10 @@ class LLMAgent(Agent):
         self.check_max_age = check_max_age
         self.model = model
         self.system = system
-        self.tools = ToolRegistry(tools)
+        plain, sources = split_sources(tools)
+        self.tools = ToolRegistry(plain)
+        #: Tool sources (MCP servers) listed before each step; None keeps the steps free of that work.
+        self._tool_sources = ToolSources(plain, sources) if sources else None
         #: ``transfer_to_<name>`` tools (`_handoff.py`); None: no handoff work on any turn.
         self.handoffs = Handoffs(handoffs, self.tools) if handoffs else None
         self.max_turns = max_turns
@@ -172,6 +176,8 @@ class LLMAgent(Agent):
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         self._message_usage = Usage()
         journal = self._journal = await self._open(ctx)
+        if self._tool_sources is not None:
+            self.tools = await self._tool_sources.registry()
         history = self._history()
         decision = approval_of(blocks)
         pending = self.state.get(PENDING_KEY)
@@ -401,6 +407,8 @@ class LLMAgent(Agent):
         """One model call and, when it asks for tools, the tool step; results go to ``outcome`` (a turn
         middleware calling ``call_next`` again runs the iteration again: the last run counts)."""
         outcome.clear()
+        if self._tool_sources is not None:  # a server may have changed its list since the last step
+            self.tools = await self._tool_sources.registry()
         model_turn = await self._model_step(turn.ctx, list(turn.items), journal, step)
         outcome.append(model_turn)
         calls = model_turn.tool_calls
