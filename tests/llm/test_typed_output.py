@@ -186,6 +186,24 @@ async def test_run_result_returns_the_typed_value(
     )
 
 
+async def test_an_orchestrated_run_whose_answer_never_validates_fails_with_the_typed_error(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    """Recorded on the run (status failed, the error's type and fields), not retried by the run's
+    RetryPolicy (it is not recoverable: the same conversation would fail the same way)."""
+    model = ScriptedModel([ScriptedTurn(text=MISSING)] * 4)
+    await _serve(start_worker, "geo", lambda _id: LLMAgent(model, output_type=City))
+    run_id = await runtime.start_run(AgentId("geo", "s7"), [TextBlock(text="Paris?")])
+    with pytest.raises(OutputValidationError) as info:
+        await runtime.run_result(run_id, timeout=30, output_type=City)
+    assert info.value.errors == [{"type": "missing", "loc": ["population"], "msg": "Field required"}]
+    record = await runtime.get_run(run_id)
+    assert record.status.value == "failed"
+    assert record.error is not None
+    assert record.error["error_type"] == "OutputValidationError"
+    assert len(model.requests) == 2  # one answer and one retry, then no RetryPolicy attempt
+
+
 def test_output_type_is_checked_when_the_agent_is_built() -> None:
     model = ScriptedModel([])
     with pytest.raises(TypeError, match="pydantic BaseModel"):
