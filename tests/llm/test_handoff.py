@@ -4,7 +4,6 @@ is journaled like a tool step, so a retried handler does not spawn the specialis
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -218,8 +217,7 @@ class _FailOnceAfterTheHandoff(Middleware):
     async def process_turn(self, context: Turn, call_next: Callable[[Turn], Awaitable[None]]) -> None:
         await call_next(context)
         if not self.failed:
-            self.failed = True
-            await asyncio.sleep(0.2)  # the handoff step's append lands (the retry would wait for it anyway)
+            self.failed = True  # the handoff step's append is in flight: the retry waits for it first
             raise ProviderUnavailableError("the worker went away", "test", 503)
 
 
