@@ -184,6 +184,44 @@ async def test_the_first_handoff_of_a_turn_wins_and_the_unfiltered_transcript_cr
         assert result.content[0].error_type == error_type
 
 
+@tool(needs_approval=True)
+def refund(amount: int) -> str:
+    """Refund an amount (needs approval)."""
+    NOTES.append(f"refund {amount}")
+    return "refunded"
+
+
+async def test_a_handoff_takes_a_turn_that_also_calls_an_approval_gated_tool(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """The handoff wins: the gated call is answered as not run and nothing waits for a decision."""
+    NOTES.clear()
+    triage = ScriptedModel(
+        [
+            ScriptedTurn(
+                text="Routing.",
+                tool_calls=[("r1", "refund", {"amount": 5}), ("h1", "transfer_to_billing", {})],
+            )
+        ]
+    )
+    specialist = ScriptedModel([ScriptedTurn(text="Billing here.")])
+    app = App()
+    app.register("billing", lambda _id: LLMAgent(specialist))
+    app.register("triage", lambda _id: LLMAgent(triage, tools=[refund], handoffs=["billing"]))
+    await start_worker(app)
+    reply = await runtime.send_message([TextBlock(text="refund")], AgentId("triage", "t5"), timeout=30)
+
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["Billing here."]
+    assert reply[0].metadata[FINISH_KEY] == "handoff"
+    assert NOTES == []
+    (received,) = specialist.requests
+    not_run = received.items[-1].blocks[0]
+    assert isinstance(not_run, ToolResultBlock)
+    assert not_run.call_id == "r1"
+    assert isinstance(not_run.content[0], ErrorBlock)
+    assert not_run.content[0].error_type == "ToolNotRun"
+
+
 async def test_a_handoff_to_an_unregistered_type_is_an_error_result_naming_the_known_types(
     runtime: Runtime, start_worker: StartWorker
 ) -> None:

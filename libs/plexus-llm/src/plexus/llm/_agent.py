@@ -377,6 +377,8 @@ class LLMAgent(Agent):
         return meta
 
     def _needs_approval(self, calls: list[ToolUseBlock]) -> list[str]:
+        if self.handoffs is not None and self.handoffs.called(calls):
+            return []  # the handoff takes the turn: its other calls do not run, so nothing awaits approval
         return [
             c.call_id for c in calls if (t := self.tools.get(c.tool_name)) is not None and t.needs_approval
         ]
