@@ -231,13 +231,20 @@ async def test_approvals_and_tool_middleware_apply_to_mcp_tools(
             ScriptedTurn(text="done"),
         ]
     )
-    await start_worker(_app(lambda _id: LLMAgent(model, tools=[server], middleware=[Audit()])))
+
+    def app() -> App:
+        return _app(lambda _id: LLMAgent(model, tools=[server], middleware=[Audit()]))
+
+    first = await start_worker(app())
     agent = AgentId("assistant", "d")
     with pytest.raises(KernelError) as suspended:  # ApprovalRequired: the turn waits for a decision
         await runtime.send_message([TextBlock(text="go")], agent, timeout=60)
     assert suspended.value.error_type == "ApprovalRequired"
     assert _calls(log) == []  # nothing of the turn ran before the decision
 
+    # A new activation resumes: its tools are listed before the resumed tool step.
+    await first.stop(drain_timeout=5)
+    await start_worker(app())
     await approve(runtime, agent, "c1", timeout=60)
     async with asyncio.timeout(30):  # the decision resumes the loop on the worker
         while len(model.requests) < 2:  # noqa: ASYNC110 - the worker appends to it
@@ -326,8 +333,13 @@ async def test_sigkill_during_an_mcp_call_never_makes_a_stored_call_again(
             while _alive(first_pid):  # noqa: ASYNC110 - another process
                 await asyncio.sleep(0.05)
         gate.touch()
-        worker_process("tests.llm.apps_mcp:app", "--worker-id", "w2", env=env)
+        second = worker_process("tests.llm.apps_mcp:app", "--worker-id", "w2", env=env)
         reply = await asyncio.wait_for(reply_task, 120)
+        # A worker that stops (SIGTERM: drained, its loop ended) stops its server process too.
+        second_pid = _pids(log)[-1]
+        os.kill(second.pid, signal.SIGTERM)
+        assert await asyncio.to_thread(second.wait, 60) == 0
+        assert not _alive(second_pid)
 
     assert [b.text for b in reply if isinstance(b, TextBlock)] == ["all done"]
     assert _calls(log) == ["add 20 22", "gate once", "gate once"]  # add never again; gate was interrupted
