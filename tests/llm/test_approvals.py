@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from plexus.core import AgentId, ErrorBlock, KernelError, TextBlock, ToolResultBlock
+from plexus.core import AgentId, AgentNotFoundError, ErrorBlock, KernelError, TextBlock, ToolResultBlock
 from plexus.llm import (
     FINISH_KEY,
     ApprovalPendingError,
@@ -324,3 +324,9 @@ async def test_a_client_that_never_imported_plexus_llm_gets_approval_required_wi
     assert (module, name) == ("plexus.runtime.wire._orchestration", "ApprovalRequired")
     assert fields["call_ids"] == ["c1"]
     assert fields["calls"] == [{"call_id": "c1", "tool_name": "transfer", "arguments": {"amount": 5}}]
+
+
+async def test_a_decision_for_an_agent_type_nobody_registered_is_refused_at_once(runtime: Runtime) -> None:
+    with pytest.raises(AgentNotFoundError) as refused:
+        await approve(runtime, AgentId("nobody", "x"), "c1")
+    assert refused.value.registered is False
