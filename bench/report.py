@@ -127,6 +127,10 @@ ROWS = (
         None,
         False,
     ),
+    # bench/mcp_bench.py: one MCP tool call (stdio server) in the loop against the bare mcp client, in rounds.
+    Row("MCP tool call, bare mcp client p50", "ms", None, "mcp.bare_call.p50_ms", None, False),
+    Row("MCP tool call inside the LLM loop p50", "ms", None, "mcp.loop_call.p50_ms", None, False),
+    Row("MCP tool call, the loop's overhead p50", "ms", None, "mcp.overhead_per_call.p50_ms", None, False),
     # bench/peer_bench.py: LLM-loop peers measured the same way (same fake, same rounds, same run).
     *(
         row

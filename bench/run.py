@@ -333,6 +333,20 @@ def main() -> int:
                 result = procs.client("plexus-llm", llm_cmd, client_timeout)
             metrics.update(result["metrics"])
             client_info["plexus-llm"] = result["info"]
+            print("bench: one MCP tool call in the loop against the bare mcp client …", flush=True)
+            with phase(logs, env) as procs:
+                mcp_cmd = [
+                    py,
+                    "-m",
+                    "bench.mcp_bench",
+                    "--url",
+                    server.url,
+                    "--runs",
+                    "50" if args.quick else "300",
+                ]
+                result = procs.client("plexus-mcp", mcp_cmd, client_timeout)
+            metrics.update(result["metrics"])
+            client_info["plexus-mcp"] = result["info"]
             for peer, (pins, probe) in PEERS.items():
                 print(f"bench: the {peer} loop, the same way (.bench-venv/{peer}) …", flush=True)
                 peer_python, reason = ensure_venv(uv, peer, pins, probe)
