@@ -16,10 +16,12 @@ from plexus.core import (
     TextBlock,
     ThinkingBlock,
     ToolUseBlock,
+    UnknownBlock,
     Usage,
 )
 from plexus.llm import (
     INVALID_ARGUMENTS_KEY,
+    BlockEvent,
     FinishEvent,
     ModelEvent,
     ModelRequest,
@@ -94,6 +96,20 @@ def test_blocks_in_first_seen_order_with_thinking_signature() -> None:
     assert turn.usage.total_tokens == 5
     assert turn.finish_reason.kind is FinishReasonKind.TOOL_CALL
     assert [c.call_id for c in turn.tool_calls] == ["a", "b"]
+
+
+def test_a_whole_block_is_kept_in_stream_order() -> None:
+    unknown = UnknownBlock.from_dict(
+        {"type": "vendor_item", "item": {"type": "web_search_call", "id": "ws_1"}}
+    )
+    blocks = _fold(
+        [
+            TextDeltaEvent("a", index=0),
+            BlockEvent(unknown, index=1),
+            ToolCallDeltaEvent(index=2, call_id="c", name="x", arguments="{}"),
+        ]
+    )
+    assert blocks == [TextBlock(text="a"), unknown, ToolUseBlock(call_id="c", tool_name="x", arguments={})]
 
 
 def test_missing_finish_is_inferred() -> None:

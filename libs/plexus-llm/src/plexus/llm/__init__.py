@@ -57,6 +57,7 @@ from ._errors import (
     TranscriptTooLargeError,
 )
 from ._events import (
+    BlockEvent,
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
@@ -92,6 +93,7 @@ __all__ = [
     "ApprovalRequired",
     "AuthenticationError",
     "BadRequestError",
+    "BlockEvent",
     "CompactionPipeline",
     "CompactionStrategy",
     "ContextTooLongError",

@@ -27,6 +27,7 @@ from plexus.core import (
 )
 
 from ._events import (
+    BlockEvent,
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
@@ -81,6 +82,7 @@ class TurnAccumulator:
         self._texts: dict[int, list[str]] = {}
         self._reasoning: dict[int, _Reasoning] = {}
         self._calls: dict[int, _Call] = {}
+        self._blocks: dict[int, BaseBlock] = {}
         self._usage = Usage()
         self._finish: FinishReason | None = None
 
@@ -113,6 +115,10 @@ class TurnAccumulator:
             if event.signature:
                 reasoning.signature.append(event.signature)
             reasoning.redacted = reasoning.redacted or event.redacted
+        elif isinstance(event, BlockEvent):
+            if event.index not in self._blocks:
+                self._order.append(("block", event.index))
+            self._blocks[event.index] = event.block
         elif isinstance(event, UsageEvent):
             self._usage = event.usage
         elif isinstance(event, FinishEvent):
@@ -132,6 +138,8 @@ class TurnAccumulator:
                 blocks.append(
                     ThinkingBlock(content="".join(r.text), signature=signature, redacted=r.redacted)
                 )
+            elif kind == "block":
+                blocks.append(self._blocks[index])
             else:
                 blocks.append(_tool_block(self._calls[index]))
         finish = self._finish

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from plexus.core import FinishReason, Usage
+from plexus.core import BaseBlock, FinishReason, Usage
 
 __all__ = [
+    "BlockEvent",
     "FinishEvent",
     "ModelEvent",
     "ReasoningDeltaEvent",
@@ -57,6 +58,15 @@ class ToolCallDeltaEvent:
 
 
 @dataclass(frozen=True, slots=True)
+class BlockEvent:
+    """A whole block no delta event describes (an output item of a type Plexus does not know, as an
+    `UnknownBlock`): kept in the turn, in stream order, never dropped."""
+
+    block: BaseBlock
+    index: int = 0
+
+
+@dataclass(frozen=True, slots=True)
 class UsageEvent:
     """Token counts (and cost) of the call so far; later events replace earlier ones."""
 
@@ -70,4 +80,4 @@ class FinishEvent:
     reason: FinishReason
 
 
-ModelEvent = TextDeltaEvent | ReasoningDeltaEvent | ToolCallDeltaEvent | UsageEvent | FinishEvent
+ModelEvent = TextDeltaEvent | ReasoningDeltaEvent | ToolCallDeltaEvent | BlockEvent | UsageEvent | FinishEvent
