@@ -140,6 +140,8 @@ async def test_anthropic_settings_reach_the_body_under_their_wire_names() -> Non
     ("model", "settings", "max_tokens", "setting"),
     [
         (_openai(NOWHERE), ModelSettings(thinking_budget=2048), 4096, "thinking_budget"),
+        (_openai(NOWHERE), ModelSettings(reasoning_summary="auto"), 4096, "reasoning_summary"),
+        (_anthropic(NOWHERE), ModelSettings(reasoning_summary="auto"), 1024, "reasoning_summary"),
         (_anthropic(NOWHERE), ModelSettings(seed=1), 1024, "seed"),
         (_anthropic(NOWHERE), ModelSettings(reasoning_effort="high"), 1024, "reasoning_effort"),
         (_anthropic(NOWHERE), ModelSettings(service_tier="flex"), 1024, "service_tier"),

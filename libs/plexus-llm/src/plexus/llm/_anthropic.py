@@ -141,6 +141,10 @@ def _settings_kwargs(settings: ModelSettings, max_tokens: int, temperature: floa
         raise _refuse("seed", "is not a setting of the anthropic messages API")
     if s.reasoning_effort is not None:
         raise _refuse("reasoning_effort", "is OpenAI's; anthropic thinks with a budget (set thinking_budget)")
+    if s.reasoning_summary is not None:
+        raise _refuse(
+            "reasoning_summary", "is the OpenAI Responses API's; anthropic streams its thinking as is"
+        )
     if s.service_tier is not None and s.service_tier not in _SERVICE_TIERS:
         raise _refuse("service_tier", f"{s.service_tier!r} is not one of anthropic's {_SERVICE_TIERS}")
     limit = s.max_tokens if s.max_tokens is not None else max_tokens

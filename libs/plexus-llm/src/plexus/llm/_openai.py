@@ -157,6 +157,13 @@ def _settings_kwargs(
             "thinking_budget",
             "openai",
         )
+    if settings.reasoning_summary is not None:
+        raise UnsupportedSettingError(
+            "reasoning_summary is the Responses API's; chat completions streams no summaries (use "
+            "OpenAIResponsesModel)",
+            "reasoning_summary",
+            "openai",
+        )
     s = settings
     always: dict[str, Any] = {max_tokens_field: s.max_tokens if s.max_tokens is not None else max_tokens}
     temperature = s.temperature if s.temperature is not None else temperature

@@ -37,7 +37,8 @@ class ModelSettings(BaseModel):
 
     ``max_tokens`` and ``temperature`` win over `ModelRequest`'s fields of the same names. ``tool_choice``:
     ``auto``, ``none``, ``required`` or a tool's name (that tool must be called); it and
-    ``parallel_tool_calls`` are sent only with tools on offer. ``reasoning_effort`` is OpenAI's;
+    ``parallel_tool_calls`` are sent only with tools on offer. ``reasoning_effort`` is OpenAI's,
+    ``reasoning_summary`` the Responses API's (summaries of the reasoning streamed as thinking);
     ``thinking_budget`` Anthropic's extended thinking (``budget_tokens``, at least 1024, below
     ``max_tokens``). ``extra_body``: fields merged into the JSON body as they are (the SDKs' ``extra_body``).
     JSON-serialisable: ``model_dump(mode="json")`` / ``model_validate``.
@@ -53,6 +54,7 @@ class ModelSettings(BaseModel):
     parallel_tool_calls: bool | None = None
     tool_choice: Annotated[str, Field(min_length=1)] | None = None
     reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh", "max"] | None = None
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
     thinking_budget: Annotated[int, Field(ge=1024, strict=True)] | None = None
     service_tier: Annotated[str, Field(min_length=1)] | None = None
     extra_body: dict[str, JsonValue] | None = None
