@@ -159,8 +159,8 @@ def _settings_kwargs(
         )
     if settings.reasoning_summary is not None:
         raise UnsupportedSettingError(
-            "reasoning_summary is the Responses API's; chat completions streams no summaries (use "
-            "OpenAIResponsesModel)",
+            "reasoning_summary is the OpenAI Responses API's; openai chat completions streams no "
+            "summaries (use OpenAIResponsesModel)",
             "reasoning_summary",
             "openai",
         )
