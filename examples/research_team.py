@@ -4,20 +4,41 @@ Offline by default (ScriptedModel: no network, deterministic). With ``OPENAI_API
 ``OPENAI_BASE_URL`` for vLLM/Ollama/LM Studio, ``PLEXUS_LLM_MODEL`` for the model name) or
 ``ANTHROPIC_API_KEY`` set, the same tree runs on the real provider through the official SDK.
 
+The researchers' lookup tool comes from a small MCP server (`examples/library_mcp.py`, stdio, one process
+per worker); the writer answers with a typed `Report` (``output_type``), which `main` reads back with
+``rt.run_result(..., output_type=Report)``.
+
 Run it with ``uv run --no-sync plexus dev examples.research_team:app --run examples.research_team:main``: an
-embedded nats-server, orchestrator and worker start; the run tree's progress and the planner's streamed text
-are printed live, then the run's usage against its budget.
+embedded nats-server, orchestrator and worker start; the run tree's progress (tool calls and their results)
+and the planner's streamed text are printed live, then the writer's typed report and the run's usage
+against its budget.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import sys
+from pathlib import Path
 
-from plexus.core import AgentId, ExecutionBudget, SpawnBudget, TextBlock, TextDelta
+from pydantic import BaseModel
+
+from plexus.core import (
+    AgentId,
+    BaseBlock,
+    DataBlock,
+    ExecutionBudget,
+    JsonValue,
+    SpawnBudget,
+    TextBlock,
+    TextDelta,
+    ToolResultBlock,
+    ToolUseBlock,
+)
 from plexus.llm import (
     AnthropicModel,
     LLMAgent,
+    MCPServer,
     ModelClient,
     ModelRequest,
     OpenAIChatModel,
@@ -53,7 +74,7 @@ def _planner_script(request: ModelRequest) -> ScriptedTurn:
         calls = [(f"r_{t}", "research", {"topic": t}) for t in TOPICS]
         return ScriptedTurn(text="I will ask two researchers in parallel.", tool_calls=calls)
     if done == 1:
-        notes = " / ".join(r.text for r in request.items[-1:])
+        notes = " / ".join(request.last_tool_texts().values())
         return ScriptedTurn(text="Now the writer.", tool_calls=[("w", "write", {"notes": notes or "notes"})])
     return ScriptedTurn(
         text="The report is ready: durable agents on NATS, journaled so no turn is paid twice."
@@ -61,28 +82,43 @@ def _planner_script(request: ModelRequest) -> ScriptedTurn:
 
 
 def _researcher_script(request: ModelRequest) -> ScriptedTurn:
-    topic = request.items[-1].text if _tool_results(request) == 0 else ""
-    if _tool_results(request) == 0:
-        return ScriptedTurn(tool_calls=[("l", "lookup", {"topic": topic})])
-    return ScriptedTurn(text=f"Finding: {request.items[-1].blocks[0].model_dump().get('content', '')!s:.60}")
+    if _tool_results(request) == 0:  # the MCP server's tool: `library_` (its name) + `lookup`
+        return ScriptedTurn(tool_calls=[("l", "library_lookup", {"topic": request.last_user_text()})])
+    return ScriptedTurn(text=f"Finding: {request.last_tool_texts()['l']}")
 
 
 def _writer_script(request: ModelRequest) -> ScriptedTurn:
-    return ScriptedTurn(text=f"Report draft based on {len(request.items[-1].text)} characters of notes.")
+    # A typed agent's final answer is the JSON of its output_type (validated by the loop).
+    notes = [n.strip() for n in request.last_user_text().split(" / ") if n.strip()]
+    report = Report(
+        title="How Plexus keeps agents durable",
+        summary=f"Drafted from {len(notes)} research notes.",
+        key_points=[n.removeprefix("Finding: ") for n in notes],
+    )
+    return ScriptedTurn(text=report.model_dump_json())
 
 
 def _model(script: object) -> ModelClient:
     return _real_model() or ScriptedModel([script] * 20)  # type: ignore[list-item]
 
 
-@tool
-def lookup(topic: str) -> str:
-    """Look a topic up in the (offline) library."""
-    library = {
-        "jetstream": "JetStream stores messages durably with per-subject sequences.",
-        "leases": "Partition leases in a KV bucket decide which worker owns an agent key.",
-    }
-    return library.get(topic, f"nothing on {topic}")
+class Report(BaseModel):
+    """The writer's typed answer (``LLMAgent(output_type=Report)``)."""
+
+    title: str
+    summary: str
+    key_points: list[str]
+
+
+# The lookup tool lives in an MCP server: one `python library_mcp.py` process per worker, started at the
+# first lookup; its tool is offered as `library_lookup`.
+library = MCPServer.stdio(sys.executable, [str(Path(__file__).with_name("library_mcp.py"))], name="library")
+
+
+def _answer(reply: list[BaseBlock]) -> dict[str, JsonValue] | str:
+    """A child's reply as a tool result: its typed data when it has some, else its text."""
+    data = [b.data for b in reply if isinstance(b, DataBlock)]
+    return data[-1] if data else " ".join(getattr(b, "text", "") for b in reply)
 
 
 @tool
@@ -93,10 +129,9 @@ async def research(topic: str, ctx: Context) -> str:
 
 
 @tool(mode="sequential")
-async def write(notes: str, ctx: Context) -> str:
-    """Hand the notes to the writer agent and return its draft."""
-    reply = await ctx.spawn(AgentId("writer", "main"), [TextBlock(text=notes)], timeout=120)
-    return " ".join(getattr(b, "text", "") for b in reply)
+async def write(notes: str, ctx: Context) -> dict[str, JsonValue] | str:
+    """Hand the notes to the writer agent and return its report (title, summary, key points)."""
+    return _answer(await ctx.spawn(AgentId("writer", "main"), [TextBlock(text=notes)], timeout=120))
 
 
 app = App()
@@ -111,14 +146,27 @@ app.register(
 )
 app.register(
     "researcher",
-    lambda _id: LLMAgent(_model(_researcher_script), system="Research one topic.", tools=[lookup]),
-    description="Researches one topic with a lookup tool",
+    lambda _id: LLMAgent(
+        _model(_researcher_script), system="Research one topic with the library.", tools=[library]
+    ),
+    description="Researches one topic with the library's MCP lookup tool",
 )
 app.register(
     "writer",
-    lambda _id: LLMAgent(_model(_writer_script), system="Write a short report."),
-    description="Writes the report",
+    lambda _id: LLMAgent(_model(_writer_script), system="Write a short report.", output_type=Report),
+    description="Writes the report (a typed Report)",
 )
+
+
+def _describe(block: BaseBlock) -> str:
+    """One block of a progress event as a line: text, a tool call, a tool result's text, typed data."""
+    if isinstance(block, ToolUseBlock):
+        return f"{block.tool_name} {block.arguments}"
+    if isinstance(block, ToolResultBlock):
+        return " ".join(_describe(b) for b in block.content)
+    if isinstance(block, DataBlock):
+        return f"{block.schema_id or 'data'} {block.data}"
+    return getattr(block, "text", "")
 
 
 async def main(rt: Runtime) -> None:
@@ -136,9 +184,13 @@ async def main(rt: Runtime) -> None:
     if url is not None:
         print(f"watch it in a terminal: plexus runs watch {run_id} --nats nats://{url.hostname}:{url.port}")
 
+    writer_runs: list[str] = []
+
     async def watch() -> None:
         async for event in rt.progress(run_id):
-            text = " ".join(getattr(b, "text", "") for b in event.content)[:60]
+            if event.agent_id == "writer/main":
+                writer_runs.append(event.run_id)
+            text = " ".join(_describe(b) for b in event.content)[:90]
             print(f"  {'  ' * event.depth}{event.agent_id:<24} {event.step.value:<11} {text}", flush=True)
 
     async def deltas() -> None:
@@ -152,5 +204,11 @@ async def main(rt: Runtime) -> None:
     for task in tasks:
         task.cancel()
     print(f"run {run_id}: {record.status.value} {record.reason or ''}")
+    if writer_runs:  # the writer's child run answered with a Report: read it back typed
+        report = await rt.run_result(writer_runs[0], output_type=Report)
+        print(f"typed report ({type(report).__name__}, run {writer_runs[0]}): {report.title}")
+        print(f"  summary: {report.summary}")
+        for point in report.key_points:
+            print(f"  - {point}")
     used = record.usage
     print(f"usage: {used.tokens} tokens of {budget.max_tokens}, {used.turns} turns of {budget.max_turns}")

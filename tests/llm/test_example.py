@@ -1,6 +1,7 @@
 """examples/research_team.py runs offline end to end (`plexus dev` with an embedded nats-server,
-orchestrator, worker and gateway) and reports a completed tree within its budget: `make run ONCE=1`; and
-`make run` itself keeps serving the dashboard after the demo until it is stopped."""
+orchestrator, worker and gateway) and reports a completed tree within its budget: `make run ONCE=1`; its
+researchers look topics up through the MCP server examples/library_mcp.py and its writer answers with a
+typed Report; and `make run` itself keeps serving the dashboard after the demo until it is stopped."""
 
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import sys
 from pathlib import Path
 
 import httpx
+from examples import research_team
+from examples.library_mcp import LIBRARY
+
+from plexus.llm import close_mcp_connections
 
 REPO = Path(__file__).resolve().parents[2]
 DEV = [sys.executable, "-m", "plexus.runtime.cli", "dev", "examples.research_team:app"]
@@ -37,9 +42,35 @@ def test_research_team_runs_offline(tmp_path: Path) -> None:
     assert any("writer/main" in line for line in lines)
     assert any("[planner streams]" in line for line in lines)
     assert any(line.startswith("watch it in a terminal: plexus runs watch run_") for line in lines)
+    # The lookup went through the MCP server (the library's text exists only in examples/library_mcp.py).
+    assert "MCP server 'library' connected" in out.stdout + out.stderr
+    for topic in research_team.TOPICS:
+        agent = f"researcher/{topic}"
+        assert any(
+            agent in line and "tool_call" in line and f"library_lookup {{'topic': '{topic}'}}" in line
+            for line in lines
+        ), out.stdout[-3000:]
+        assert any(agent in line and "tool_result" in line and LIBRARY[topic] in line for line in lines)
+    # The writer's answer, read back with run_result(output_type=Report): its fields, printed.
+    typed = next(i for i, line in enumerate(lines) if line.startswith("typed report (Report, run run_"))
+    assert lines[typed].endswith(": How Plexus keeps agents durable")
+    assert lines[typed + 1] == "  summary: Drafted from 2 research notes."
+    assert lines[typed + 2 : typed + 4] == [f"  - {LIBRARY[t]}" for t in research_team.TOPICS]
     # The demo starts once the services serve: the dashboard's address comes before the run.
     first_run = next(i for i, line in enumerate(lines) if line.startswith("run "))
     assert any("(dashboard at http://" in line for line in lines[:first_run]), out.stdout[-3000:]
+
+
+async def test_the_examples_lookup_tool_is_the_library_servers() -> None:
+    """The example's `library` is a real stdio MCP server offering `lookup` as `library_lookup`."""
+    try:
+        tools = await research_team.library.list_tools()
+        assert [t.name for t in tools] == ["library_lookup"]
+        assert tools[0].schema["required"] == ["topic"]
+        result = await research_team.library.call("lookup", {"topic": "leases"})
+        assert [c.text for c in result.content] == [LIBRARY["leases"]]  # type: ignore[union-attr]
+    finally:
+        await close_mcp_connections()
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
