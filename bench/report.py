@@ -303,6 +303,13 @@ TARGETS = (
         1.0,
         at_most=True,
     ),
+    # Issue 37: one MCP tool call inside the loop against the same call on a bare mcp session (same run).
+    Target(
+        "MCP tool call inside the LLM loop p50 ≤ 1.2× the bare mcp client's",
+        _ratio("mcp.loop_call.p50_ms", "mcp.bare_call.p50_ms"),
+        1.2,
+        at_most=True,
+    ),
 )
 
 
