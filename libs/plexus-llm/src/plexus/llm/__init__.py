@@ -7,7 +7,8 @@ Public API (the ``_modules`` are private):
   `TurnAccumulator` / `ModelTurn` (tool calls accumulated by index)
 - typed provider errors: `ProviderError` and its subclasses
 - adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``),
-  `AnthropicModel` (Messages API)
+  `OpenAIResponsesModel` (OpenAI's Responses API, reasoning items round-tripped), `AnthropicModel`
+  (Messages API)
 - the loop: `LLMAgent` (journaled steps `LlmStep`), tools (`tool`, `Tool`, `ToolRegistry`)
 - compaction: `CompactionPipeline` and its strategies (tool pairs never split)
 - middleware at the turn, model-call and tool-call stages: `Middleware`, `ProviderRetry`, `RateLimit`,
@@ -68,18 +69,22 @@ from ._events import (
 from ._fold import PrefixFold
 from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
+from ._replay import JournalReplay, ReplayModel  # importing it registers the journal's replay hook
 from ._mcp import MCPServer, MCPTool, close_mcp_connections
 from ._mcperrors import MCPProtocolError, MCPServerError, MCPTimeoutError, MCPToolError
 from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._output import OUTPUT_TOOL, OutputSpec, strict_schema
+from ._responses import RESPONSES_ITEM, OpenAIResponsesModel, responses_input, responses_request
 from ._scripted import ScriptedModel, ScriptedTurn, ScriptExhaustedError
 from ._settings import ModelSettings, UnsupportedSettingError
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
 from ._toolsource import ToolSource
 
 __all__ = [
+    "JournalReplay",
+    "ReplayModel",
     "APPROVAL_KEY",
     "FINISH_KEY",
     "HANDOFF_KEY",
@@ -87,6 +92,7 @@ __all__ = [
     "JOURNAL_SEQ_KEY",
     "OUTPUT_TOOL",
     "PENDING_KEY",
+    "RESPONSES_ITEM",
     "TRANSCRIPT_KEY",
     "AnthropicModel",
     "ApprovalPendingError",
@@ -122,6 +128,7 @@ __all__ = [
     "ModelTurn",
     "NoPendingApprovalError",
     "OpenAIChatModel",
+    "OpenAIResponsesModel",
     "OutputSpec",
     "OutputValidationError",
     "PrefixFold",
@@ -159,6 +166,8 @@ __all__ = [
     "deny",
     "openai_messages",
     "openai_request",
+    "responses_input",
+    "responses_request",
     "safe_cuts",
     "strict_schema",
     "tool",
