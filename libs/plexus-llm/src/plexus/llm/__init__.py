@@ -69,7 +69,6 @@ from ._events import (
 from ._fold import PrefixFold
 from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
-from ._replay import JournalReplay, ReplayModel  # importing it registers the journal's replay hook
 from ._mcp import MCPServer, MCPTool, close_mcp_connections
 from ._mcperrors import MCPProtocolError, MCPServerError, MCPTimeoutError, MCPToolError
 from ._memo import ItemMemo
@@ -83,8 +82,6 @@ from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_bl
 from ._toolsource import ToolSource
 
 __all__ = [
-    "JournalReplay",
-    "ReplayModel",
     "APPROVAL_KEY",
     "FINISH_KEY",
     "HANDOFF_KEY",
