@@ -15,6 +15,16 @@ from ._app import App
 from ._context import Context
 from .client._client import Runtime
 from .client._cluster import ServiceUnavailableError
+from .client._fork import (
+    FORK_HOOKS_GROUP,
+    ForkEdit,
+    ForkPoint,
+    ForkPointNotFoundError,
+    ForkSource,
+    ForkStart,
+    InvalidForkError,
+)
+from .client._history import HandledMessage
 from .client._supervisor import LocalSupervisor, Supervisor, new_root_run
 from .client._typed import ReplyValidationError
 from .interceptors._deadline import DeadlineInterceptor
@@ -63,6 +73,14 @@ from .worker._commit import MessageCommitted
 from .worker._worker import Worker, WorkerConfig
 
 __all__ = [
+    "FORK_HOOKS_GROUP",
+    "ForkEdit",
+    "ForkPoint",
+    "ForkPointNotFoundError",
+    "ForkSource",
+    "ForkStart",
+    "HandledMessage",
+    "InvalidForkError",
     "INSTRUMENTS",
     "WIRE_VERSION",
     "Agent",

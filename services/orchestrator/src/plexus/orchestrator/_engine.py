@@ -98,6 +98,7 @@ class Engine(SpawnSupport):
             deadline=now + budget.deadline_s if budget and budget.deadline_s is not None else None,
             created_at=now,
             updated_at=now,
+            forked_from=v.parse_lineage("start", req.forked_from),
         )
         # Input first, then the run, then its slots: a replica dying between steps leaves a PENDING run the
         # sweeper can still dispatch, never a run without its input.

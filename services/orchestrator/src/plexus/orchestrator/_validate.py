@@ -87,6 +87,25 @@ def parse_session(verb: str, value: str | None) -> str | None:
         raise InvalidRunRequest(verb, f"session_id: {exc}") from None
 
 
+#: A fork's lineage: the source run, agent and point; kept on the new root as sent, so it stays small.
+_LINEAGE_FIELDS = {"run_id": str, "agent_id": str, "message": int, "turn": int}
+
+
+def parse_lineage(verb: str, value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A fork's ``forked_from``: the source run and agent (strings) and the point (integers or null)."""
+    if value is None:
+        return None
+    unknown = set(value) - set(_LINEAGE_FIELDS)
+    if unknown:
+        raise InvalidRunRequest(verb, f"forked_from: unknown fields {sorted(unknown)}")
+    for name, kind in _LINEAGE_FIELDS.items():
+        field = value.get(name)
+        required = name in ("run_id", "agent_id")
+        if (field is None and required) or (field is not None and type(field) is not kind):
+            raise InvalidRunRequest(verb, f"forked_from.{name}: expected {kind.__name__}, got {field!r}")
+    return dict(value)
+
+
 def parse_model(verb: str, field: str, model: type[M], data: dict[str, Any] | None) -> M | None:
     """Validate a budget/policy JSON object against its plexus.core model."""
     if data is None:

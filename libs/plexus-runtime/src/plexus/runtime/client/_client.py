@@ -26,10 +26,13 @@ from plexus.core import (
     AgentId,
     AgentNotFoundError,
     BaseBlock,
+    ExecutionBudget,
     KernelError,
     MessageId,
     PermissionDeniedError,
+    RetryPolicy,
     RunId,
+    SpawnBudget,
     TopicId,
 )
 from plexus.runtime.interceptors._interceptors import (
@@ -70,6 +73,7 @@ from ._calls import ClientCalls
 from ._client_runs import RunsClient
 from ._cluster import OrchestratorClient
 from ._delivery import Delivery
+from ._fork import ForkEdit, ForkPoint, fork_run
 from ._post import PostClient
 from ._supervisor import new_root_run
 from ._typed import typed_reply
@@ -553,6 +557,25 @@ class Runtime(RunsClient, PostClient):
 
     def event_log(self, agent_id: AgentId) -> EventLog[Any]:
         return self._connection.event_log(agent_id)
+
+    async def fork_run(
+        self,
+        run_id: str,
+        at: ForkPoint | int | None = None,
+        edit: ForkEdit | str | None = None,
+        *,
+        budget: ExecutionBudget | None = None,
+        spawn_budget: SpawnBudget | None = None,
+        retry: RetryPolicy | None = None,
+        priority: int | None = None,
+    ) -> str:
+        """Start a new run tree at a point of one agent's history in `run_id` (``at``: a `ForkPoint`, or a
+        turn of the run's own agent), optionally edited (``edit``: a `ForkEdit`, or the new user message);
+        returns the new root's run id. Its budgets are its own (the source root's limits unless given);
+        the source is only read (docs/timetravel.md, "Fork")."""
+        return await fork_run(
+            self, run_id, at, edit, budget=budget, spawn_budget=spawn_budget, retry=retry, priority=priority
+        )
 
 
 #: Time kept at the end of a host lookup for one direct read of the registry.

@@ -147,6 +147,8 @@ class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     retry_at: float | None = None  # PENDING after a crash: when the worker starts the next attempt
     awaiting: list[str] = []  # AWAITING_APPROVAL: the decisions it waits for (e.g. tool call ids)
     decided: list[str] = []  # decisions already sent to its agent (never reopened by a late report)
+    #: A forked root: its source (``run_id``, ``agent_id``, ``message``, ``turn``; docs/timetravel.md).
+    forked_from: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         self.output = _null_to_none(self.output)
@@ -182,6 +184,7 @@ class StartRunRequest(msgspec.Struct, omit_defaults=True, kw_only=True):
     priority: int = 2
     session_id: str | None = None
     run_id: str | None = None  # idempotency: a repeated start with the same id returns the same run
+    forked_from: dict[str, Any] | None = None  # `Runtime.fork_run`: the lineage kept on the new root
 
 
 class StartRunReply(msgspec.Struct, kw_only=True):

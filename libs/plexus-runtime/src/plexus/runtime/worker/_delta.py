@@ -16,6 +16,8 @@ from typing import Any
 
 import msgspec
 
+from plexus.runtime.wire._statedelta import apply_delta  # the reading side, shared with clients
+
 __all__ = [
     "DELTA_MAX_BYTES",
     "STATE_DELTAS",
@@ -46,15 +48,6 @@ class _DeltaOut(msgspec.Struct, omit_defaults=True):
     set: dict[str, msgspec.Raw] = {}
     ext: dict[str, msgspec.Raw] = {}
     drop: list[str] = []
-
-
-class _DeltaIn(msgspec.Struct):
-    set: dict[str, Any] = {}
-    ext: dict[str, list[Any]] = {}
-    drop: list[str] = []
-
-
-_decode_delta = msgspec.json.Decoder(_DeltaIn).decode
 
 
 def encode_parts(state: Mapping[str, Any]) -> StateParts | None:
@@ -104,17 +97,3 @@ def _appended(before: bytes, after: bytes) -> bytes | None:
     if after[cut] == _COMMA and after.startswith(before[:cut]):
         return b"[" + after[cut + 1 :]
     return None
-
-
-def apply_delta(state: dict[str, Any], delta: bytes | str) -> None:
-    """Apply one logged delta to a decoded state, in place."""
-    change = _decode_delta(delta)
-    for key in change.drop:
-        state.pop(key, None)
-    state.update(change.set)
-    for key, items in change.ext.items():
-        base = state.get(key)
-        if not isinstance(base, list):
-            # The log and the checkpoint disagree: never guess an agent's state.
-            raise ValueError(f"state delta extends {key!r}, which is not a list in the state it applies to")
-        state[key] = [*base, *items]
