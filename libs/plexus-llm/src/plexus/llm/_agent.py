@@ -41,6 +41,7 @@ from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
 from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
+from ._fork import FORK_KEY, apply_fork, forked
 from ._handoff import Handoffs, HandoffTarget, handed_back, handed_over
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._memo import encode_json, transcript_bytes, transcript_json
@@ -175,6 +176,8 @@ class LLMAgent(Agent):
 
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         self._message_usage = Usage()
+        if FORK_KEY in self.state:  # a fork's edited system prompt and settings (`_fork.py`)
+            apply_fork(self)
         journal = self._journal = await self._open(ctx)
         if self._tool_sources is not None:
             self.tools = await self._tool_sources.registry()
@@ -217,6 +220,8 @@ class LLMAgent(Agent):
         else:
             # A handoff's message carries the conversation to continue from, in place of this agent's own.
             handed = handed_over(blocks)
+            if handed is None:
+                handed = forked(self, blocks)  # a fork continues from the items it carries, too
             items = (
                 handed if handed is not None else [*history, Item(kind=ItemKind.USER, blocks=list(blocks))]
             )
