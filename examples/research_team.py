@@ -29,6 +29,7 @@ from plexus.core import (
     DataBlock,
     ExecutionBudget,
     JsonValue,
+    KernelError,
     SpawnBudget,
     TextBlock,
     TextDelta,
@@ -205,10 +206,14 @@ async def main(rt: Runtime) -> None:
         task.cancel()
     print(f"run {run_id}: {record.status.value} {record.reason or ''}")
     if writer_runs:  # the writer's child run answered with a Report: read it back typed
-        report = await rt.run_result(writer_runs[0], output_type=Report)
-        print(f"typed report ({type(report).__name__}, run {writer_runs[0]}): {report.title}")
-        print(f"  summary: {report.summary}")
-        for point in report.key_points:
-            print(f"  - {point}")
+        try:
+            report = await rt.run_result(writer_runs[0], output_type=Report)
+        except KernelError as exc:  # a real model's answer that never validated, say
+            print(f"no typed report (run {writer_runs[0]}): {type(exc).__name__}: {exc}")
+        else:
+            print(f"typed report ({type(report).__name__}, run {writer_runs[0]}): {report.title}")
+            print(f"  summary: {report.summary}")
+            for point in report.key_points:
+                print(f"  - {point}")
     used = record.usage
     print(f"usage: {used.tokens} tokens of {budget.max_tokens}, {used.turns} turns of {budget.max_turns}")

@@ -12,12 +12,26 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
+import anthropic
 import httpx
+import openai
 from examples import research_team
 from examples.library_mcp import LIBRARY
 
-from plexus.llm import close_mcp_connections
+from plexus.core import AgentId, TextBlock
+from plexus.llm import (
+    OUTPUT_TOOL,
+    AnthropicModel,
+    LLMAgent,
+    ModelClient,
+    OpenAIChatModel,
+    close_mcp_connections,
+)
+from plexus.runtime import App, Runtime
+
+from .fake_providers import FakeProvider, Sse, anthropic_frames, openai_frames
 
 REPO = Path(__file__).resolve().parents[2]
 DEV = [sys.executable, "-m", "plexus.runtime.cli", "dev", "examples.research_team:app"]
@@ -71,6 +85,45 @@ async def test_the_examples_lookup_tool_is_the_library_servers() -> None:
         assert [c.text for c in result.content] == [LIBRARY["leases"]]  # type: ignore[union-attr]
     finally:
         await close_mcp_connections()
+
+
+REPORT = research_team.Report(title="T", summary="S", key_points=["a", "b"])
+
+
+async def _writer_on(model: ModelClient, runtime: Runtime, start_worker: Any, key: str) -> None:
+    app = App()
+    app.register("writer", lambda _id: LLMAgent(model, system="Write.", output_type=research_team.Report))
+    await start_worker(app)
+    blocks = [TextBlock(text="notes")]
+    report = await runtime.send_message(blocks, AgentId("writer", key), output_type=research_team.Report)
+    assert report == REPORT
+
+
+async def test_the_writers_report_on_openai_is_a_strict_json_schema(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    """The real-provider path: the example's Report goes as a strict response_format and validates."""
+    async with FakeProvider(lambda _: Sse(openai_frames(REPORT.model_dump_json()))) as fake:
+        client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k")
+        await _writer_on(OpenAIChatModel(client, "m"), runtime, start_worker, "o")
+    schema = fake.requests[0]["response_format"]["json_schema"]
+    assert (schema["name"], schema["strict"], schema["schema"]["additionalProperties"]) == (
+        "Report",
+        True,
+        False,
+    )
+
+
+async def test_the_writers_report_on_anthropic_is_the_forced_output_tool(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    answer = Sse(anthropic_frames(tool_calls=[("toolu_1", OUTPUT_TOOL, REPORT.model_dump_json())]))
+    async with FakeProvider(lambda _: answer, base_path="") as fake:
+        client = anthropic.AsyncAnthropic(base_url=fake.base_url, api_key="k")
+        await _writer_on(AnthropicModel(client, "claude"), runtime, start_worker, "a")
+    (request,) = fake.requests
+    assert request["tool_choice"] == {"type": "tool", "name": OUTPUT_TOOL}
+    assert request["tools"][0]["input_schema"]["required"] == ["title", "summary", "key_points"]
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
