@@ -5,13 +5,24 @@ from __future__ import annotations
 
 from tests.imports import modules_after
 
-SDKS = ("openai", "anthropic")
+SDKS = ("openai", "anthropic", "google.genai")
 
 
 def test_importing_plexus_llm_imports_no_provider_sdk() -> None:
-    assert modules_after("import plexus.llm", SDKS) == {"openai": False, "anthropic": False}
+    assert modules_after("import plexus.llm", SDKS) == {
+        "openai": False,
+        "anthropic": False,
+        "google.genai": False,
+    }
 
 
 def test_a_model_built_on_one_sdk_imports_that_sdk_only() -> None:
     code = "import openai, plexus.llm\nplexus.llm.OpenAIChatModel(openai.AsyncOpenAI(api_key='k'), 'm')"
-    assert modules_after(code, SDKS) == {"openai": True, "anthropic": False}
+    assert modules_after(code, SDKS) == {"openai": True, "anthropic": False, "google.genai": False}
+
+
+def test_a_gemini_model_imports_the_google_genai_sdk_only() -> None:
+    code = (
+        "from google import genai\nimport plexus.llm\nplexus.llm.GeminiModel(genai.Client(api_key='k'), 'm')"
+    )
+    assert modules_after(code, SDKS) == {"openai": False, "anthropic": False, "google.genai": True}

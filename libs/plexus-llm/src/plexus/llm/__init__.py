@@ -67,6 +67,7 @@ from ._events import (
     UsageEvent,
 )
 from ._fold import PrefixFold
+from ._gemini import GeminiModel, gemini_request
 from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
 from ._mcp import MCPServer, MCPTool, close_mcp_connections
@@ -103,6 +104,7 @@ __all__ = [
     "DropFailedToolResults",
     "DropReasoning",
     "FinishEvent",
+    "GeminiModel",
     "Handoff",
     "HandoffInputError",
     "ItemMemo",
@@ -161,6 +163,7 @@ __all__ = [
     "close_mcp_connections",
     "complete",
     "deny",
+    "gemini_request",
     "openai_messages",
     "openai_request",
     "responses_input",
