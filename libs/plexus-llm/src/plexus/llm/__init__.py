@@ -70,6 +70,7 @@ from ._fold import PrefixFold
 from ._gemini import GeminiModel, gemini_request
 from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
+from ._replay import JournalReplay, ReplayModel  # importing it registers the journal's replay hook
 from ._mcp import MCPServer, MCPTool, close_mcp_connections
 from ._mcperrors import MCPProtocolError, MCPServerError, MCPTimeoutError, MCPToolError
 from ._memo import ItemMemo
@@ -83,6 +84,8 @@ from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_bl
 from ._toolsource import ToolSource
 
 __all__ = [
+    "JournalReplay",
+    "ReplayModel",
     "APPROVAL_KEY",
     "FINISH_KEY",
     "HANDOFF_KEY",

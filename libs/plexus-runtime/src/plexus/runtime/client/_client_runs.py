@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Collection, Sequence
-from typing import TypeVar, overload
+from typing import Any, TypeVar, overload
 
 import msgspec
 from nats.aio.client import Client as NATS
@@ -31,6 +31,7 @@ from plexus.core import (
 )
 from plexus.runtime.store._artifacts import ArtifactStore
 from plexus.runtime.store._connection import Connection
+from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.store._follow import Follower
 from plexus.runtime.store._outage import is_unavailable
 from plexus.runtime.store._topology import Topology
@@ -46,9 +47,11 @@ from plexus.runtime.wire._orchestration import (
     StartRunRequest,
     run_key,
 )
+from plexus.runtime.wire._recording import Recording
 from plexus.runtime.wire._subjects import Subjects, escape_token
 
 from ._cluster import OrchestratorClient
+from ._export import export_run
 from ._typed import typed_reply
 
 __all__ = ["RunsClient"]
@@ -73,6 +76,9 @@ class RunsClient:
     orchestrator: OrchestratorClient
 
     def subjects_for(self, namespace: str) -> Subjects:
+        raise NotImplementedError
+
+    def event_log(self, agent_id: AgentId) -> EventLog[Any]:
         raise NotImplementedError
 
     # -- observation ----------------------------------------------------------------------------------
@@ -139,6 +145,11 @@ class RunsClient:
         )
         reply = await self.orchestrator.call("start", request, StartRunReply, namespace=agent_id.namespace)
         return reply.run_id
+
+    async def export_run(self, run_id: str, *, partial: bool = False) -> Recording:
+        """The whole tree of ``run_id`` as a `Recording` (docs/timetravel.md); `RunNotEndedError` while it
+        runs unless ``partial``. Reads only: the source run is not changed."""
+        return await export_run(self, run_id, partial=partial)
 
     async def get_run(self, run_id: str) -> RunRecord:
         """The persisted state of one run (root or child): status, reason, tree links, usage, attempts."""

@@ -1,0 +1,93 @@
+"""Time travel (issue 38, items 1-2): a run tree of the research-team example exported to one file and
+replayed offline against the app's agent code, with the first divergence per agent reported."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from examples import research_team
+
+from plexus.core import AgentId, ExecutionBudget, SpawnBudget, TextBlock
+from plexus.llm import LLMAgent, ScriptedModel, tool
+from plexus.runtime import App, Runtime
+from plexus.runtime.timetravel import assert_replays, read_recording, recording_lines, replay
+
+
+async def _research_run(runtime: Runtime, start_worker: Any) -> str:
+    await start_worker(research_team.app)
+    run_id = await runtime.start_run(
+        AgentId("planner", "demo"),
+        [TextBlock(text="How does Plexus keep agents durable?")],
+        budget=ExecutionBudget(max_tokens=20_000, max_turns=30),
+        spawn_budget=SpawnBudget(max_agents=10),
+    )
+    record = await runtime.wait_run(run_id, timeout=120)
+    assert record.status.value == "completed", record
+    return run_id
+
+
+async def test_export_holds_the_whole_tree(
+    runtime: Runtime, start_worker: Any, orchestrator: Any, tmp_path: Path
+) -> None:
+    run_id = await _research_run(runtime, start_worker)
+    recording = await runtime.export_run(run_id)
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b"".join(recording_lines(recording)))
+    back = read_recording(path.read_bytes().splitlines())
+    assert back.header.root_run_id == run_id
+    assert len(back.runs) == 4
+
+
+async def test_an_unchanged_app_replays_its_export_without_divergence(
+    runtime: Runtime, start_worker: Any, orchestrator: Any, tmp_path: Path
+) -> None:
+    run_id = await _research_run(runtime, start_worker)
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(b"".join(recording_lines(await runtime.export_run(run_id))))
+    report = await assert_replays(path, research_team.app)
+    assert len(report.replayed) == 4
+    assert report.notes == []
+
+
+@tool
+def review(notes: str) -> str:
+    """Review the notes (the changed planner's second tool, in place of `write`)."""
+    return f"reviewed: {notes}"
+
+
+def _changed_app() -> App:
+    """The research team with a changed planner: at turn 2 it calls `review` where it called `write`."""
+    app = App()
+    for name, agent_type in research_team.app.types.items():
+        if name != "planner":
+            app.register(name, agent_type.factory)
+    app.register(
+        "planner",
+        lambda _id: LLMAgent(
+            ScriptedModel([research_team._planner_script] * 20),
+            system="Plan, delegate with your tools, then answer.",
+            tools=[research_team.research, review],
+        ),
+    )
+    return app
+
+
+async def test_a_changed_agent_reports_its_first_divergence_with_both_sides(
+    runtime: Runtime, start_worker: Any, orchestrator: Any, tmp_path: Path
+) -> None:
+    run_id = await _research_run(runtime, start_worker)
+    recording = await runtime.export_run(run_id)
+    report = await replay(recording, _changed_app())
+    assert list(report.divergences) == ["planner/demo"]  # the researchers and the writer replay as recorded
+    found = report.divergences["planner/demo"]
+    assert found.what == ".llm-journal entry 1"  # turn 2's tool step (journal step 3)
+    recorded = found.recorded["item"]["blocks"][0]
+    replayed = found.replayed["item"]["blocks"][0]
+    assert recorded["call_id"] == replayed["call_id"] == "w"
+    assert recorded["is_error"] is False  # the writer answered `write`
+    assert replayed["is_error"] is True  # the changed planner has no `write` tool any more
+    assert replayed["content"][0]["error_type"] == "UnknownTool"
+    with pytest.raises(AssertionError, match="planner/demo"):
+        await assert_replays(recording, _changed_app())
