@@ -13,7 +13,7 @@ from deploy.local.cluster import APP, LocalCluster
 from deploy.local.netns import Network
 from deploy.local.processes import alive, same_process, start_time, stop
 
-STATE = {
+STATE: dict[str, object] = {
     "nats": ["nats://10.77.0.2:4222"],
     "hosts": {"h1": "10.77.0.2"},
     "dashboard": "http://10.77.0.4:8080/",
