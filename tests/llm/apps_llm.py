@@ -1,5 +1,6 @@
 """Apps for `plexus worker tests.llm.apps_llm:app` subprocesses: an LLMAgent over the official openai SDK,
-pointed at the fake provider whose URL the test passes in ``FAKE_OPENAI_URL``.
+pointed at the fake provider whose URL the test passes in ``FAKE_OPENAI_URL`` (Chat Completions, or the
+Responses API when ``FAKE_OPENAI_API=responses``).
 
 For the crash tests, two environment variables park a worker where the test then kills it:
 ``NOTE_HOLD`` (a path): the ``note`` tool, once it has logged its execution, touches that path and blocks;
@@ -18,7 +19,7 @@ from pathlib import Path
 import openai
 
 from plexus.core import AgentId
-from plexus.llm import LLMAgent, Middleware, OpenAIChatModel, Turn, tool
+from plexus.llm import LLMAgent, Middleware, OpenAIChatModel, OpenAIResponsesModel, Turn, tool
 from plexus.runtime import App
 
 
@@ -49,8 +50,9 @@ class _HoldAfterTurn(Middleware):
 
 def _researcher(_id: AgentId) -> LLMAgent:
     client = openai.AsyncOpenAI(base_url=os.environ["FAKE_OPENAI_URL"], api_key="test-key", max_retries=0)
+    responses = os.environ.get("FAKE_OPENAI_API") == "responses"
     return LLMAgent(
-        OpenAIChatModel(client, "fake-model"),
+        OpenAIResponsesModel(client, "fake-model") if responses else OpenAIChatModel(client, "fake-model"),
         system="Research.",
         tools=[note],
         max_turns=8,
