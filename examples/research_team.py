@@ -1,8 +1,9 @@
 """A research team of LLM agents: a planner spawns one researcher per topic and a writer, each an LLMAgent.
 
-Offline by default (ScriptedModel: no network, deterministic). With ``OPENAI_API_KEY`` (and optionally
-``OPENAI_BASE_URL`` for vLLM/Ollama/LM Studio, ``PLEXUS_LLM_MODEL`` for the model name) or
-``ANTHROPIC_API_KEY`` set, the same tree runs on the real provider through the official SDK.
+Offline by default (ScriptedModel: no network, deterministic). With ``OPENAI_API_KEY`` or
+``ANTHROPIC_API_KEY`` set, the same tree runs on the real provider through the official SDK
+(``PLEXUS_LLM_MODEL`` names the model): OpenAI through the Responses API, or Chat Completions with
+``PLEXUS_OPENAI_API=chat`` or a custom ``OPENAI_BASE_URL`` (vLLM/Ollama/LM Studio speak only that).
 
 The researchers' lookup tool comes from a small MCP server (`examples/library_mcp.py`, stdio, one process
 per worker); the writer answers with a typed `Report` (``output_type``), which `main` reads back with
@@ -19,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 
 from pydantic import BaseModel
@@ -43,6 +45,7 @@ from plexus.llm import (
     ModelClient,
     ModelRequest,
     OpenAIChatModel,
+    OpenAIResponsesModel,
     ScriptedModel,
     ScriptedTurn,
     tool,
@@ -52,11 +55,22 @@ from plexus.runtime import App, Context, Runtime
 TOPICS = ("jetstream", "leases")
 
 
+def openai_api(env: Mapping[str, str]) -> str:
+    """Which OpenAI API to call: ``responses`` (OpenAI's own), or ``chat`` when ``PLEXUS_OPENAI_API=chat``
+    or ``OPENAI_BASE_URL`` points elsewhere than api.openai.com (compatible servers speak only that)."""
+    base_url = env.get("OPENAI_BASE_URL", "").rstrip("/")
+    if env.get("PLEXUS_OPENAI_API") == "chat" or base_url not in ("", "https://api.openai.com/v1"):
+        return "chat"
+    return "responses"
+
+
 def _real_model() -> ModelClient | None:
     if os.environ.get("OPENAI_API_KEY"):
         import openai
 
-        return OpenAIChatModel(openai.AsyncOpenAI(), os.environ.get("PLEXUS_LLM_MODEL", "gpt-4o-mini"))
+        if openai_api(os.environ) == "chat":
+            return OpenAIChatModel(openai.AsyncOpenAI(), os.environ.get("PLEXUS_LLM_MODEL", "gpt-4o-mini"))
+        return OpenAIResponsesModel(openai.AsyncOpenAI(), os.environ.get("PLEXUS_LLM_MODEL", "gpt-5-mini"))
     if os.environ.get("ANTHROPIC_API_KEY"):
         import anthropic
 

@@ -27,11 +27,13 @@ from plexus.llm import (
     LLMAgent,
     ModelClient,
     OpenAIChatModel,
+    OpenAIResponsesModel,
     close_mcp_connections,
 )
 from plexus.runtime import App, Runtime
 
 from .fake_providers import FakeProvider, Sse, anthropic_frames, openai_frames
+from .fake_responses import responses_frames
 
 REPO = Path(__file__).resolve().parents[2]
 DEV = [sys.executable, "-m", "plexus.runtime.cli", "dev", "examples.research_team:app"]
@@ -112,6 +114,29 @@ async def test_the_writers_report_on_openai_is_a_strict_json_schema(
         True,
         False,
     )
+
+
+async def test_the_writers_report_on_the_responses_api_is_a_strict_text_format(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    async with FakeProvider(lambda _: Sse(responses_frames(REPORT.model_dump_json()))) as fake:
+        client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k")
+        await _writer_on(OpenAIResponsesModel(client, "m"), runtime, start_worker, "r")
+    text_format = fake.requests[0]["text"]["format"]
+    assert (text_format["type"], text_format["name"], text_format["strict"]) == (
+        "json_schema",
+        "Report",
+        True,
+    )
+    assert text_format["schema"]["additionalProperties"] is False
+
+
+def test_the_example_picks_the_openai_api_from_the_environment() -> None:
+    pick = research_team.openai_api
+    assert pick({"OPENAI_API_KEY": "k"}) == "responses"
+    assert pick({"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "https://api.openai.com/v1/"}) == "responses"
+    assert pick({"OPENAI_API_KEY": "k", "PLEXUS_OPENAI_API": "chat"}) == "chat"
+    assert pick({"OPENAI_API_KEY": "k", "OPENAI_BASE_URL": "http://localhost:11434/v1"}) == "chat"
 
 
 async def test_the_writers_report_on_anthropic_is_the_forced_output_tool(
