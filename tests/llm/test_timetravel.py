@@ -3,6 +3,11 @@ replayed offline against the app's agent code, with the first divergence per age
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +17,18 @@ from examples import research_team
 from plexus.core import AgentId, ExecutionBudget, SpawnBudget, TextBlock
 from plexus.llm import LLMAgent, ScriptedModel, tool
 from plexus.runtime import App, Runtime
-from plexus.runtime.timetravel import assert_replays, read_recording, recording_lines, replay
+from plexus.runtime.orchestration import RunNotFoundError
+from plexus.runtime.timetravel import (
+    RecordingVersionError,
+    ReplayAppMismatchError,
+    assert_replays,
+    read_recording,
+    recording_lines,
+    replay,
+    replay_file,
+)
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 async def _research_run(runtime: Runtime, start_worker: Any) -> str:
@@ -74,6 +90,9 @@ def _changed_app() -> App:
     return app
 
 
+CHANGED = _changed_app()
+
+
 async def test_a_changed_agent_reports_its_first_divergence_with_both_sides(
     runtime: Runtime, start_worker: Any, orchestrator: Any, tmp_path: Path
 ) -> None:
@@ -91,3 +110,69 @@ async def test_a_changed_agent_reports_its_first_divergence_with_both_sides(
     assert replayed["content"][0]["error_type"] == "UnknownTool"
     with pytest.raises(AssertionError, match="planner/demo"):
         await assert_replays(recording, _changed_app())
+
+
+async def test_plexus_runs_replay_reads_a_file_without_nats(
+    runtime: Runtime, start_worker: Any, orchestrator: Any, tmp_path: Path
+) -> None:
+    path = tmp_path / "run.jsonl"
+    path.write_bytes(
+        b"".join(recording_lines(await runtime.export_run(await _research_run(runtime, start_worker))))
+    )
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PLEXUS_NATS": "nats://127.0.0.1:1",
+    }  # nothing listens there
+    cmd = [sys.executable, "-m", "plexus.runtime.cli", "runs", "replay", str(path), "--app"]
+    same = await asyncio.to_thread(
+        subprocess.run,
+        [*cmd, "examples.research_team:app"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert same.returncode == 0, same.stdout + same.stderr
+    assert "no divergence" in same.stdout
+    changed = await asyncio.to_thread(
+        subprocess.run,
+        [*cmd, "tests.llm.test_timetravel:CHANGED", "--json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert changed.returncode == 1, changed.stdout + changed.stderr
+    assert list(json.loads(changed.stdout)["divergences"]) == ["planner/demo"]
+
+
+async def test_bad_input_is_typed(runtime: Runtime, orchestrator: Any, tmp_path: Path) -> None:
+    with pytest.raises(RunNotFoundError):
+        await runtime.export_run("run_01M8J6T3GTZ6J31TH4VYHQGQVY")
+    newer = tmp_path / "newer.jsonl"
+    newer.write_text(
+        json.dumps(
+            {
+                "format": "plexus-run-recording",
+                "version": 99,
+                "namespace": "default",
+                "root_run_id": "r",
+                "exported_at": 0.0,
+                "partial": False,
+            }
+        )
+        + "\n"
+    )
+    with pytest.raises(RecordingVersionError) as raised:
+        await replay_file(newer, research_team.app)
+    assert raised.value.version == 99
+
+
+async def test_an_app_without_the_recorded_types_is_refused(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    recording = await runtime.export_run(await _research_run(runtime, start_worker))
+    with pytest.raises(ReplayAppMismatchError) as raised:
+        await replay(recording, App())
+    assert raised.value.missing == ["planner", "researcher", "writer"]

@@ -26,6 +26,7 @@ from plexus.runtime import (
 from . import _cli_more as more
 from ._cli_tokens import register_tokens as _register_tokens
 from ._config import GatewayConfig, hash_token
+from . import _cli_timetravel as timetravel_cli
 from ._runs import RunFilter, RunsView
 from ._terminal import render_tree, watch_tree
 
@@ -228,10 +229,14 @@ def register_runs(sub: Any) -> None:
     for verb in (ls, show, watch, cancel, start, approve):
         _nats_arg(verb)
         verb.add_argument("--json", action="store_true", help="machine-readable output")
+    for verb in timetravel_cli.add_verbs(verbs):
+        _nats_arg(verb)
     parser.set_defaults(handler=_run_runs)
 
 
 def _run_runs(args: argparse.Namespace) -> int:
+    if args.runs_command in ("export", "replay"):
+        return _guarded("runs", timetravel_cli.run(args, _urls(args)))
     return _guarded("runs", _runs(args))
 
 
