@@ -89,7 +89,13 @@ async def test_creates_the_streams_and_buckets_of_the_architecture(js: JetStream
         "PLEXUS_PROGRESS",
         "PLEXUS_DLQ",
         "PLEXUS_COUNTERS",
+        "PLEXUS_SCHEDULES",
     }
+    schedules = (await js.stream_info("PLEXUS_SCHEDULES")).config
+    assert schedules.allow_msg_schedules
+    assert schedules.max_age == 0  # an age limit would delete pending schedules
+    inbox_sources = (await js.stream_info("PLEXUS_INBOX")).config.sources or []
+    assert [s.name for s in inbox_sources] == ["PLEXUS_SCHEDULES"]
 
 
 async def test_the_inbox_transform_adds_the_servers_partition(js: JetStreamContext) -> None:
@@ -130,8 +136,8 @@ async def test_idempotent_and_concurrent_calls_from_many_connections(nats_server
         again = await ensure_topology(conns[0].jetstream())
         assert all(t.partitions == 16 for t in [*topos, again])
         infos = await conns[0].jetstream().streams_info()
-        # Exactly one of each: 5 streams, 8 KV buckets (the gateway's two included), 1 object store.
-        assert len(infos) == 14
+        # Exactly one of each: 6 streams, 8 KV buckets (the gateway's two included), 1 object store.
+        assert len(infos) == 15
         # Every handle works on the shared buckets.
         await topos[0].registry.put("echo", b"x")
         assert (await topos[5].registry.get("echo")).value == b"x"
@@ -249,6 +255,7 @@ async def test_another_prefix_cannot_take_over_the_streams(js: JetStreamContext)
         progress_stream="ACME_PROGRESS",
         dlq_stream="ACME_DLQ",
         counters_stream="ACME_COUNTERS",
+        schedules_stream="ACME_SCHEDULES",
         checkpoints_bucket="acme_checkpoints",
     )
     topo = await ensure_topology(js, prefix="acme", names=names)

@@ -56,6 +56,7 @@ from .store._gets import StreamGets
 from .store._mirror import kv_keys
 from .store._outage import is_unavailable
 from .store._registry import AgentTypeInfo, Registry, WorkerInfo
+from .store._schedules import InvalidScheduleError, ScheduleId, SchedulesUnsupportedError
 from .store._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
 from .store._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
 from .wire._envelope import (
@@ -74,13 +75,6 @@ from .worker._worker import Worker, WorkerConfig
 
 __all__ = [
     "FORK_HOOKS_GROUP",
-    "ForkEdit",
-    "ForkPoint",
-    "ForkPointNotFoundError",
-    "ForkSource",
-    "ForkStart",
-    "HandledMessage",
-    "InvalidForkError",
     "INSTRUMENTS",
     "WIRE_VERSION",
     "Agent",
@@ -99,9 +93,17 @@ __all__ = [
     "Delivery",
     "Envelope",
     "EventLog",
+    "ForkEdit",
+    "ForkPoint",
+    "ForkPointNotFoundError",
+    "ForkSource",
+    "ForkStart",
     "HandleInput",
+    "HandledMessage",
     "HealthServer",
     "Interceptor",
+    "InvalidForkError",
+    "InvalidScheduleError",
     "LocalSupervisor",
     "LogRecord",
     "MessageCommitted",
@@ -120,6 +122,8 @@ __all__ = [
     "ReplyValidationError",
     "RunInfo",
     "Runtime",
+    "ScheduleId",
+    "SchedulesUnsupportedError",
     "SecurityLayout",
     "SendInput",
     "ServiceUnavailableError",

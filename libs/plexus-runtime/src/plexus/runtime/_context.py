@@ -7,6 +7,7 @@ orchestrator fills — `spawn` and budget accounting (`usage`) — go through a 
 
 from __future__ import annotations
 
+import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Protocol
@@ -23,8 +24,22 @@ from plexus.core import (
     Usage,
 )
 
+from .store._schedules import (
+    InvalidScheduleError,
+    ScheduleId,
+    ScheduleOp,
+    cron_spec,
+    every_spec,
+    op_id,
+    reminder_subject,
+    timer_spec,
+    timer_subject,
+    tombstone,
+)
+
 if TYPE_CHECKING:
     from .store._eventlog import EventLog
+    from .store._schedule_store import ScheduleStore
     from .wire._envelope import RunInfo
 
 __all__ = ["Context", "ContextBackend"]
@@ -64,6 +79,8 @@ class ContextBackend(Protocol):
 
     def event_log_for(self, agent_id: AgentId) -> EventLog[Any]: ...
 
+    def schedule_store(self) -> ScheduleStore: ...
+
 
 @dataclass(eq=False)
 class Context:
@@ -84,6 +101,9 @@ class Context:
     _spawned: int = field(default=0, repr=False)
     #: Set by `await_approval`: the decisions this message's reply waits for.
     awaiting: list[str] | None = field(default=None, repr=False)
+    #: Timer and reminder writes recorded by the handler: its commit writes them when it succeeds.
+    pending_schedules: list[ScheduleOp] = field(default_factory=list, repr=False)
+    _schedule_ops: int = field(default=0, repr=False)
 
     @property
     def cancellation(self) -> CancellationHandle:
@@ -175,3 +195,99 @@ class Context:
     @property
     def event_log(self) -> EventLog[Any]:
         return self._backend.event_log_for(self.agent_id)
+
+    # -- timers and reminders (docs/schedules.md) ----------------------------------------------------------
+
+    def _op_id(self) -> str:
+        # Derived from the message: a handler run again for it writes the same ids (de-duplicated).
+        self._schedule_ops += 1
+        return op_id(str(self.agent_id), self.message_id, self._schedule_ops)
+
+    def _record(self, op: ScheduleOp) -> None:
+        # One write per subject, the last one: the commit writes them concurrently.
+        self.pending_schedules = [p for p in self.pending_schedules if p.subject != op.subject]
+        self.pending_schedules.append(op)
+
+    async def schedule_message(
+        self,
+        target: AgentId,
+        blocks: Sequence[BaseBlock],
+        *,
+        after: datetime.timedelta | None = None,
+        at: datetime.datetime | None = None,
+    ) -> ScheduleId:
+        """Deliver `blocks` to durable agent `target`'s inbox once, `after` from now or `at` (aware; a time
+        in the past fires at once), as a message of this run. Written by this message's commit: nothing is
+        scheduled if the handler fails, and a handler run again for the message schedules it once.
+        Raises InvalidScheduleError (bad time, stateless target) or AgentNotFoundError at once."""
+        spec = timer_spec(after, at)
+        store = self._backend.schedule_store()
+        schedule_id = ScheduleId(self._op_id())
+        subjects = store.connection.subjects_for(self.agent_id.namespace)
+        op = await store.envelope_op(
+            subject=timer_subject(subjects, self.agent_id.type, self.agent_id.key, schedule_id),
+            op_id=schedule_id,
+            target=target,
+            sender=self.agent_id,
+            blocks=blocks,
+            run=self.run,
+            spec=spec,
+        )
+        self._record(op)
+        return schedule_id
+
+    async def cancel_schedule(self, schedule_id: ScheduleId | str) -> None:
+        """Cancel a timer this agent scheduled (with this message's commit); one that fired or was
+        cancelled already is left as it is."""
+        store = self._backend.schedule_store()
+        subjects = store.connection.subjects_for(self.agent_id.namespace)
+        subject = timer_subject(subjects, self.agent_id.type, self.agent_id.key, str(schedule_id))
+        self._record(tombstone(subject, self._op_id()))
+
+    async def set_reminder(
+        self,
+        name: str,
+        *,
+        every: datetime.timedelta | None = None,
+        cron: str | None = None,
+        tz: str | None = None,
+        blocks: Sequence[BaseBlock] = (),
+    ) -> None:
+        """Deliver `blocks` to this agent every `every` (at least 1 s), or at each `cron` time (5 fields, or 6
+        with seconds first, in time zone `tz`, default UTC), until `clear_reminder(name)`. One reminder per
+        name: setting it again replaces it. Written by this message's commit."""
+        if (every is None) == (cron is None):
+            raise InvalidScheduleError("give exactly one of every= and cron=")
+        if every is not None:
+            if tz is not None:
+                raise InvalidScheduleError("tz applies to cron reminders only")
+            spec, zone = every_spec(every), None
+        else:
+            assert cron is not None
+            spec, zone = cron_spec(cron, tz)
+        if not isinstance(name, str) or not name:
+            raise InvalidScheduleError("a reminder needs a non-empty name")
+        store = self._backend.schedule_store()
+        subjects = store.connection.subjects_for(self.agent_id.namespace)
+        op = await store.envelope_op(
+            subject=reminder_subject(subjects, self.agent_id.type, self.agent_id.key, name),
+            op_id=self._op_id(),
+            target=self.agent_id,
+            sender=self.agent_id,
+            blocks=blocks,
+            run=self.run,
+            spec=spec,
+            tz=zone,
+        )
+        self._record(op)
+
+    async def clear_reminder(self, name: str) -> None:
+        """Stop this agent's reminder `name` (with this message's commit); an unknown name is ignored."""
+        store = self._backend.schedule_store()
+        subjects = store.connection.subjects_for(self.agent_id.namespace)
+        subject = reminder_subject(subjects, self.agent_id.type, self.agent_id.key, name)
+        self._record(tombstone(subject, self._op_id()))
+
+    async def reminders(self) -> list[str]:
+        """The names of this agent's reminders as stored now (this message's own changes are not yet)."""
+        return await self._backend.schedule_store().reminders(self.agent_id)

@@ -133,6 +133,8 @@ def role_permissions(
         types = [escape_token(t) for t in agent_types] if agent_types else ["*"]
         own_state = [
             *(f"{p}.*.evlog.{t}.>" for t in types),
+            # Its agents' timers and reminders (`sched.<type>.<key>.…`); the server fires them, not the worker.
+            *(f"{p}.*.sched.{t}.>" for t in types),
             *(f"$KV.plexus_checkpoints.*.{t}.>" for t in types),
             *(f"$KV.plexus_leases.*.{t}.*" for t in types),
         ]
@@ -161,7 +163,7 @@ def role_permissions(
                 "$KV.plexus_subscriptions.>",
                 "$O.plexus_artifacts.>",
                 replies,
-                *_lookup(["PLEXUS_INBOX"], consume=False),
+                *_lookup(["PLEXUS_INBOX", "PLEXUS_SCHEDULES"], consume=False),
                 *_partition_consumers(p, types),
                 *_lookup(
                     [

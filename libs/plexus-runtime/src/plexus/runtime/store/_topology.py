@@ -32,6 +32,7 @@ from nats.js.api import (
     StorageType,
     StreamConfig,
     StreamInfo,
+    StreamSource,
     SubjectTransform,
 )
 from nats.js.errors import BadRequestError, NotFoundError
@@ -42,6 +43,7 @@ from plexus.core import KernelError
 from plexus.runtime.wire._subjects import inbox_transform as _subject_transform
 
 from ._outage import is_unavailable
+from ._schedules import STREAM_SCHEDULES, check_server_version, inbox_source, schedules_stream
 
 _log = logging.getLogger(__name__)
 
@@ -81,6 +83,7 @@ class TopologyNames:
     progress_stream: str = "PLEXUS_PROGRESS"
     dlq_stream: str = "PLEXUS_DLQ"
     counters_stream: str = "PLEXUS_COUNTERS"
+    schedules_stream: str = STREAM_SCHEDULES
     checkpoints_bucket: str = "plexus_checkpoints"
     registry_bucket: str = "plexus_registry"
     subscriptions_bucket: str = "plexus_subscriptions"
@@ -170,6 +173,9 @@ async def ensure_topology(
         if value <= 0:
             raise ValueError(f"{label} must be > 0, got {value}")
 
+    # Timers and reminders are JetStream message schedules: refuse, naming it, a server without them.
+    server = js._nc.connected_server_version
+    check_server_version(f"{server.major}.{server.minor}.{server.patch}")
     common: dict[str, Any] = {"storage": storage, "num_replicas": replicas}
     streams = [
         StreamConfig(
@@ -179,6 +185,8 @@ async def ensure_topology(
             retention=RetentionPolicy.WORK_QUEUE,
             duplicate_window=dedupe_window_s,
             subject_transform=inbox_transform(prefix, partitions),
+            # Fired timers and reminders (docs/schedules.md), moved onto their target's inbox subject.
+            sources=[inbox_source(prefix, partitions, names.schedules_stream)],
             **common,
         ),
         StreamConfig(
@@ -219,6 +227,8 @@ async def ensure_topology(
             allow_msg_counter=True,
             **common,
         ),
+        # Last: the inbox sources its fired copies (a source may name a stream that is created after it).
+        schedules_stream(prefix, storage, replicas, names.schedules_stream),
     ]
     infos: dict[str, StreamInfo] = {}
     for config in streams:
@@ -288,7 +298,7 @@ async def _until_answered(step: Callable[[], Awaitable[T]]) -> T:
 
 
 _NO_SUITABLE_PEERS = 10005
-_STREAM_MANAGED = ("max_age", "duplicate_window", "num_replicas")
+_STREAM_MANAGED = ("max_age", "duplicate_window", "num_replicas", "sources")
 _STREAM_FROZEN = ("retention", "storage", "subjects", "subject_transform")
 
 
@@ -348,6 +358,12 @@ def _norm(value: Any) -> Any:
         return None
     if isinstance(value, RetentionPolicy | StorageType):
         return value.value
+    if isinstance(value, list) and value and isinstance(value[0], StreamSource):
+        # The server echoes sources with its own defaults filled in: compare what we set.
+        return tuple(
+            (s.name, s.filter_subject, tuple((t.src, t.dest) for t in s.subject_transforms or ()))
+            for s in value
+        )
     if isinstance(value, float | int) and not isinstance(value, bool):
         return float(value)
     return value

@@ -44,6 +44,7 @@ from plexus.runtime.ops._telemetry import metrics_enabled
 from plexus.runtime.store._artifacts import check_payload_size
 from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._eventlog import EventLog
+from plexus.runtime.store._schedule_store import ScheduleStore
 from plexus.runtime.wire._orchestration import FinishedReport
 
 from ._commit import CheckpointTaken
@@ -91,6 +92,7 @@ class WorkerBackend:
         self.activations = activations
         self.supervisor: Supervisor = supervisor or LocalSupervisor()
         self._bound: dict[int, Activation] = {}
+        self.schedules = ScheduleStore(connection)
         # Progress events published but not yet acknowledged, per bound Context (see `progress_stored`).
         self._progress_acks: dict[int, list[asyncio.Future[Any]]] = {}
         self._acks = connection.acks
@@ -336,3 +338,6 @@ class WorkerBackend:
 
     def event_log_for(self, agent_id: AgentId) -> EventLog[Any]:
         return self.connection.event_log(agent_id)
+
+    def schedule_store(self) -> ScheduleStore:
+        return self.schedules

@@ -32,6 +32,7 @@ from plexus.core import (
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._registry import type_ref
+from plexus.runtime.store._schedule_store import ScheduleStore
 from plexus.runtime.wire._envelope import Reply
 
 from ._activation import (
@@ -145,6 +146,7 @@ class Committer:
         #: have passed to another worker (ahead of the new owner's first append, which is what fences it).
         #: So the commit's appends wait no longer than the lease is certainly ours.
         self._lease_left = lease_left
+        self._schedules = ScheduleStore(connection)
 
     async def commit(
         self, activation: Activation, work: _Work, ctx: Context, reply: Reply, reply_bytes: bytes | None
@@ -184,6 +186,10 @@ class Committer:
         if (wait := self._gate(work)) is not None:
             await wait
         timeout = self._lease_left(work)
+        if reply.ok and ctx.pending_schedules:
+            # Before the append: a crash between the two runs the handler again, which writes the same
+            # schedules again (same subjects and ids: de-duplicated), never none (docs/schedules.md).
+            await self._schedules.write(ctx.pending_schedules, timeout)
         if env.id in activation.logged:
             # Logged by a worker that died before its checkpoint: the entries are there already.
             activation.logged = activation.logged - {env.id}

@@ -18,6 +18,7 @@ from plexus.core import AgentId, AgentNotFoundError, BaseBlock, ProtocolError, T
 from plexus.runtime._app import App
 from plexus.runtime.client._supervisor import new_root_run
 from plexus.runtime.store._connection import Connection
+from plexus.runtime.store._schedules import HDR_SCHEDULER, fired_id
 from plexus.runtime.wire._envelope import (
     HDR_MSG_ID,
     RESEND,
@@ -85,6 +86,9 @@ class Intake:
             return None
         if env.reply_to is not None and not await self._reply_ok(msg, env.reply_to, env):
             return None
+        if durable and msg.headers and HDR_SCHEDULER in msg.headers:
+            # Fired by a schedule (docs/schedules.md): each fire of a reminder is a message of its own.
+            env = msgspec.structs.replace(env, id=fired_id(env.id, msg.headers))
         try:
             agent_id = AgentId.parse(env.target)
         except ValueError as exc:

@@ -1,0 +1,125 @@
+"""`ScheduleStore`: builds a handler's timer and reminder writes and writes them to `PLEXUS_SCHEDULES`.
+
+The subjects, specs and ids are in `_schedules`; this module turns a handler's call into a `ScheduleOp`
+(checking the target, offloading large blocks, encoding the envelope the schedule will deliver) and writes
+the ops its commit hands over. See docs/schedules.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import msgspec
+from nats.js.errors import NotFoundError
+
+from plexus.core import AgentId, AgentNotFoundError, BaseBlock
+from plexus.runtime.ops._telemetry import trace_headers
+from plexus.runtime.store._artifacts import check_payload_size, headers_size
+from plexus.runtime.store._connection import Connection
+from plexus.runtime.store._schedules import (
+    HDR_MSG_ID,
+    STREAM_SCHEDULES,
+    InvalidScheduleError,
+    ScheduleOp,
+    fire_subject,
+    is_schedule,
+    reminders_filter,
+    schedule_op,
+)
+from plexus.runtime.wire._envelope import (
+    Envelope,
+    RunInfo,
+    encode_envelope,
+    make_headers,
+    payload_from_blocks,
+)
+from plexus.runtime.wire._subjects import unescape_token
+
+__all__ = ["ScheduleStore"]
+
+
+class ScheduleStore:
+    """`PLEXUS_SCHEDULES` as a handler's context uses it (one per connection: it holds no state)."""
+
+    def __init__(self, connection: Connection, stream: str = STREAM_SCHEDULES) -> None:
+        self.connection = connection
+        self.stream = stream
+
+    async def envelope_op(
+        self,
+        *,
+        subject: str,
+        op_id: str,
+        target: AgentId,
+        sender: AgentId,
+        blocks: Sequence[BaseBlock],
+        run: RunInfo | None,
+        spec: str,
+        tz: str | None = None,
+    ) -> ScheduleOp:
+        """The write of a schedule that delivers `blocks` to `target`'s durable inbox at `spec`, as a message
+        of `run` (without its deadline: it fires later; not supervised by the orchestrator)."""
+        await self._check_target(target)
+        payload = payload_from_blocks(await self.connection.artifacts.offload(list(blocks)))
+        fired_run = None
+        if run is not None:
+            fired_run = msgspec.structs.replace(
+                run, deadline=None, orchestrated=False, retry=None, budget=None
+            )
+        env = Envelope(
+            id=op_id,
+            kind="send",
+            target=str(target),
+            sender=str(sender),
+            payload=payload,
+            run=fired_run,
+            sent_at=time.time(),
+        )
+        data = encode_envelope(env)
+        # The fired copy keeps these headers (not the Nats-Msg-Id, which de-duplicates the schedule's write).
+        headers = make_headers(env, trace_headers())
+        headers.pop(HDR_MSG_ID, None)
+        target_subject = fire_subject(self.connection.subjects_for(target.namespace), target.type, target.key)
+        op = schedule_op(subject, op_id, data, spec=spec, target=target_subject, headers=headers, tz=tz)
+        check_payload_size(len(data) + headers_size(op.all_headers()), self.connection.nc.max_payload)
+        return op
+
+    async def _check_target(self, target: AgentId) -> None:
+        ns, name = target.namespace, target.type
+        cache = self.connection.registry_view
+        info = cache.get_type(ns, name) or await self.connection.registry.get_type(ns, name)
+        if info is None:
+            known = [t.type for t in cache.list_types(ns)]
+            raise AgentNotFoundError.unregistered(target, name, known)
+        if not info.durable:
+            raise InvalidScheduleError(
+                f"{ns}/{name} is stateless: it has no durable inbox for a schedule to deliver to"
+            )
+
+    async def write(self, ops: Sequence[ScheduleOp], timeout: float | None = None) -> None:
+        """Write `ops` (a commit's), all acknowledged before it returns; the same op again is de-duplicated
+        (its ``Nats-Msg-Id``) or replaces itself (its subject)."""
+        acks = self.connection.acks
+        await asyncio.gather(
+            *(
+                acks.publish_acked(op.subject, op.data, headers=op.all_headers(), timeout=timeout)
+                for op in ops
+            )
+        )
+
+    async def reminders(self, agent: AgentId) -> list[str]:
+        """The names of `agent`'s reminders that are set, sorted."""
+        subjects = self.connection.subjects_for(agent.namespace)
+        pattern = reminders_filter(subjects, agent.type, agent.key)
+        info = await self.connection.js.stream_info(self.stream, subjects_filter=pattern)
+        names: list[str] = []
+        for subject in sorted((info.state.subjects or {}).keys()):
+            try:
+                last = await self.connection.gets.get_last_msg(self.stream, subject)
+            except NotFoundError:  # cleared (and expired) meanwhile
+                continue
+            if is_schedule(last.headers):
+                names.append(unescape_token(subject.rsplit(".", 1)[1]))
+        return sorted(names)
