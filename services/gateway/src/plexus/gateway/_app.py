@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from plexus.runtime import Runtime
 from plexus.runtime.orchestration import ORCH_SERVICE_NAME
 
-from . import _api_runs, _api_sessions
+from . import _api_fork, _api_runs, _api_sessions
 from ._access import RateLimiter, TokenRegistry
 from ._config import GatewayConfig
 from ._limits import BodyLimit
@@ -61,6 +61,7 @@ def create_app(runtime: Runtime, config: GatewayConfig | None = None) -> FastAPI
     app.state.gw = gw
     install_problem_handlers(app)
     install_openapi(app)
+    app.include_router(_api_fork.router)
     app.include_router(_api_runs.router)
     app.include_router(_api_sessions.router)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)

@@ -36,6 +36,8 @@ PROBLEM_JSON = "application/problem+json"
 _KERNEL_STATUS: dict[str, int] = {
     "AgentNotFoundError": 404,
     "RunNotFoundError": 404,
+    "ForkPointNotFoundError": 404,
+    "InvalidForkError": 422,
     "InvalidRunRequest": 422,
     "ProtocolError": 422,
     "PayloadTooLargeError": 413,

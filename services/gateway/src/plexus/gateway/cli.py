@@ -24,6 +24,8 @@ from plexus.runtime import (
 )
 
 from . import _cli_more as more
+from ._cli_fork import add_fork
+from ._cli_fork import fork as fork_run
 from ._cli_tokens import register_tokens as _register_tokens
 from ._config import GatewayConfig, hash_token
 from . import _cli_timetravel as timetravel_cli
@@ -226,7 +228,8 @@ def register_runs(sub: Any) -> None:
     cancel.add_argument("--reason", default="cancelled from the command line")
     start = more.add_start(verbs)
     approve = more.add_approve(verbs)
-    for verb in (ls, show, watch, cancel, start, approve):
+    fork = add_fork(verbs)
+    for verb in (ls, show, watch, cancel, start, approve, fork):
         _nats_arg(verb)
         verb.add_argument("--json", action="store_true", help="machine-readable output")
     for verb in timetravel_cli.add_verbs(verbs):
@@ -268,6 +271,8 @@ async def _runs(args: argparse.Namespace) -> int:
             return await watch_tree(rt, await view.record(run_id) or {"run_id": run_id}, as_json=args.json)
         if args.runs_command == "approve":
             return await more.approve(rt, args)
+        if args.runs_command == "fork":
+            return await fork_run(rt, args)
         if args.runs_command == "ls":
             flt = RunFilter(frozenset(args.status or []), args.agent_type, None, not args.all)
             page, _ = await view.page(flt, args.limit, None)
