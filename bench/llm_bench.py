@@ -27,8 +27,11 @@ neither side). Per model turn:
 
 The same in orchestrated runs (``start_run`` with a token budget, the real orchestrator on the same server:
 every model call's ``ctx.usage()`` is a counter increment on the server, the budget consume the issue's
-goal includes); ``--no-orchestrator`` skips them. ``--no-journal`` measures the loop without its journal
-writes. Prints a table and one ``RESULT <json>`` line (bench/common.py protocol). Not asserted anywhere.
+goal includes); ``--no-orchestrator`` skips them. The plain rounds run once more over
+`OpenAIResponsesModel` (``llm.responses.*``: a reasoning turn with a call, then the answer, against the bare
+``responses.create`` pair of the same two bodies); ``--no-responses`` skips them. ``--no-journal`` measures
+the loop without its journal writes. Prints a table and one ``RESULT <json>`` line (bench/common.py
+protocol). Not asserted anywhere.
 """
 
 from __future__ import annotations
@@ -53,8 +56,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 async def _serve() -> None:
     from tests.llm.fake_providers import FakeProvider, Sse, openai_frames
+    from tests.llm.fake_responses import Reasoning, responses_frames
+
+    reasoning = Reasoning(["Add the two numbers."], "ENC" * 200, id="rs_bench")
 
     def respond(body: dict[str, Any]) -> Sse:
+        if "input" in body:  # the Responses API: a reasoning turn with a call, then the answer
+            if any(i.get("type") == "function_call_output" for i in body["input"]):
+                return Sse(responses_frames("The answer is 5."))
+            return Sse(
+                responses_frames("Adding.", [("call_1", "add", '{"a": 2, "b": 3}')], reasoning=reasoning)
+            )
         if any(m["role"] == "tool" for m in body["messages"]):
             return Sse(openai_frames("The answer is 5."))
         return Sse(openai_frames("Adding.", [("call_1", "add", '{"a": 2, "b": 3}')]))
@@ -145,6 +157,49 @@ async def measure_rounds(
     return rounds
 
 
+async def _responses_metrics(
+    rt: Any, client: Any, bodies: list[dict[str, Any]], runs: int, times: dict[tuple[str, str], float]
+) -> dict[str, float]:
+    """The plain rounds again over `OpenAIResponsesModel` (``llm.responses.*``): its run beside the bare
+    ``responses.create`` pair replaying the two request bodies one run sent (reasoning item included)."""
+    from plexus.core import AgentId, TextBlock
+
+    await rt.send_message([TextBlock(text="2+3?")], AgentId("record_responses", "once"), timeout=30)
+    if len(bodies) != 2:
+        raise SystemExit(f"expected a responses run of 2 model calls, recorded {len(bodies)}")
+
+    async def run(i: int) -> None:
+        await rt.send_message([TextBlock(text="2+3?")], AgentId("bench_responses", f"k{i}"), timeout=30)
+
+    pair = bare_pair(client.responses.create, bodies)
+    rounds = await measure_rounds(runs, pair, run, lambda i: times[("bench_responses", f"k{i}")])
+    return rounds.metrics("llm.responses.")
+
+
+def _register_responses(
+    app: Any, client: Any, bodies: list[dict[str, Any]], journal: bool, timing: list[Any]
+) -> None:
+    """Agent types ``bench_responses`` (timed) and ``record_responses`` (its SDK calls' bodies recorded)."""
+    from plexus.llm import LLMAgent, OpenAIResponsesModel
+
+    async def recording_create(**body: Any) -> Any:
+        bodies.append(body)
+        return await client.responses.create(**body)
+
+    recorder: Any = SimpleNamespace(responses=SimpleNamespace(create=recording_create))
+    tools = [_add_tool()]
+    app.register(
+        "bench_responses",
+        lambda _id: LLMAgent(
+            OpenAIResponsesModel(client, "m"), tools=tools, journal=journal, middleware=timing
+        ),
+    )
+    app.register(
+        "record_responses",
+        lambda _id: LLMAgent(OpenAIResponsesModel(recorder, "m"), tools=tools, journal=journal),
+    )
+
+
 def _add_tool() -> Any:
     """The bench's one tool (its schema is part of every request body)."""
     from plexus.llm import tool
@@ -184,7 +239,12 @@ async def record_run(rt: Any, bodies: list[dict[str, Any]]) -> None:
 
 
 async def _measure(
-    base_url: str, runs: int, journal: bool, nats_url: str | None, orchestrated: bool = True
+    base_url: str,
+    runs: int,
+    journal: bool,
+    nats_url: str | None,
+    orchestrated: bool = True,
+    responses: bool = True,
 ) -> dict[str, float]:
     import openai
 
@@ -204,6 +264,8 @@ async def _measure(
         lambda _id: LLMAgent(OpenAIChatModel(client, "m"), tools=[add], journal=journal, middleware=timing),
     )
     register_recorder(app, client, bodies, journal)
+    responses_bodies: list[dict[str, Any]] = []
+    _register_responses(app, client, responses_bodies, journal, timing)
     async with worker_and_client(app, nats_url) as (rt, url):
         await record_run(rt, bodies)
 
@@ -217,6 +279,8 @@ async def _measure(
         if journal:
             # The same durable work hand-written on nats-py (bench/llm_floor.py), same process and rounds.
             metrics.update(await _floor_metrics(url, runs, pair, client, bodies, metrics, orchestrated=False))
+        if responses:
+            metrics.update(await _responses_metrics(rt, client, responses_bodies, runs, iteration_times))
         if orchestrated:
             with _orchestrator(url):
                 budget = ExecutionBudget(max_tokens=10**12)
@@ -371,6 +435,7 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=200)
     parser.add_argument("--no-journal", action="store_true", help="measure without the per-step journal")
     parser.add_argument("--no-orchestrator", action="store_true", help="skip the orchestrated runs")
+    parser.add_argument("--no-responses", action="store_true", help="skip the Responses API runs")
     parser.add_argument("--url", help="an existing nats-server (default: start one)")
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -379,7 +444,14 @@ def main() -> None:
         return
     with fake_provider() as base_url:
         metrics = asyncio.run(
-            _measure(base_url, args.runs, not args.no_journal, args.url, not args.no_orchestrator)
+            _measure(
+                base_url,
+                args.runs,
+                not args.no_journal,
+                args.url,
+                not args.no_orchestrator,
+                not args.no_responses,
+            )
         )
     for name, value in metrics.items():
         print(f"{name:<32} {value:8.2f}")

@@ -127,6 +127,16 @@ ROWS = (
         None,
         False,
     ),
+    # bench/llm_bench.py: the same plain rounds over the Responses API adapter (a reasoning item sent back).
+    Row("LLM bare SDK call, Responses API p50", "ms", None, "llm.responses.bare_call.p50_ms", None, False),
+    Row(
+        "LLM loop overhead per model turn, Responses API, inside the handler p50",
+        "ms",
+        None,
+        "llm.responses.loop_overhead_per_turn.p50_ms",
+        None,
+        False,
+    ),
     # bench/mcp_bench.py: one MCP tool call (stdio server) in the loop against the bare mcp client, in rounds.
     Row("MCP tool call, bare mcp client p50", "ms", None, "mcp.bare_call.p50_ms", None, False),
     Row("MCP tool call inside the LLM loop p50", "ms", None, "mcp.loop_call.p50_ms", None, False),
