@@ -337,6 +337,7 @@ def test_settings_gemini_cannot_honour_are_refused_when_the_agent_is_built() -> 
         ModelSettings(service_tier="flex"),
         ModelSettings(parallel_tool_calls=False),
         ModelSettings(reasoning_effort="max"),
+        ModelSettings(reasoning_summary="auto"),
         ModelSettings(reasoning_effort="low", thinking_budget=2048),
     ):
         with pytest.raises(UnsupportedSettingError):
@@ -355,3 +356,11 @@ def test_thinking_budget_tool_choice_and_typed_output_in_the_config() -> None:
     assert (calling.mode.value, calling.allowed_function_names) == ("ANY", ["note"])
     assert (config.response_mime_type, config.response_json_schema) == ("application/json", spec.schema)
     assert config.automatic_function_calling.disable is True
+
+
+async def test_an_error_chunk_inside_the_200_stream_is_typed_by_its_code() -> None:
+    error = 'data: {"error": {"code": 503, "message": "overloaded", "status": "UNAVAILABLE"}}\r\n\r\n'
+    async with FakeProvider(lambda _: Sse([*gemini_frames("par")[:1], error]), base_path="") as fake:
+        with pytest.raises(ProviderUnavailableError) as caught:
+            await complete(_model(fake), ModelRequest([_user("go")]))
+    assert caught.value.status == 503

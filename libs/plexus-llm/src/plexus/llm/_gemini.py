@@ -163,6 +163,10 @@ def _settings_kwargs(settings: ModelSettings, max_tokens: int, temperature: floa
     s = settings
     if s.service_tier is not None:
         raise _refuse("service_tier", "is not a setting of the gemini API")
+    if s.reasoning_summary is not None:
+        raise _refuse(
+            "reasoning_summary", "is the Responses API's; gemini streams thought summaries on its own"
+        )
     if s.parallel_tool_calls is False:
         raise _refuse("parallel_tool_calls", "cannot be turned off on gemini (it has no such setting)")
     if s.reasoning_effort is not None and s.thinking_budget is not None:
