@@ -12,11 +12,13 @@ import pytest
 from plexus.core import (
     AgentId,
     AgentStep,
+    BaseBlock,
     DataBlock,
     ErrorBlock,
     ExecutionBudget,
     Item,
     ItemKind,
+    KernelError,
     RetryPolicy,
     TextBlock,
     ToolResultBlock,
@@ -38,7 +40,7 @@ from plexus.llm import (
     tool,
     without_tool_calls,
 )
-from plexus.runtime import App, Runtime
+from plexus.runtime import Agent, App, Context, Runtime
 from plexus.runtime.orchestration import RunStatus
 
 StartWorker = Any
@@ -94,6 +96,7 @@ async def test_a_triage_agent_hands_the_filtered_conversation_to_a_specialist_wh
     assert [b.text for b in reply if isinstance(b, TextBlock)] == ["Your refund is on its way."]
     assert reply[0].metadata[FINISH_KEY] == "handoff"
     target = str(reply[0].metadata[HANDOFF_KEY])
+    assert target == str(AgentId("billing", "t1"))  # the conversation's key: one specialist per conversation
     assert AgentId.parse(target).type == "billing"
     # The triage agent's loop ended with the handoff: no further model call of its own.
     assert len(triage.requests) == 1
@@ -313,3 +316,24 @@ def test_without_tool_calls_keeps_the_words() -> None:
         Item(kind=ItemKind.ASSISTANT, blocks=[ToolUseBlock(call_id="d", tool_name="t", arguments={})]),
     ]
     assert _texts(without_tool_calls(items)) == [("user", "hi"), ("assistant", "moving")]
+
+
+class _Lost(Agent):
+    """A target that runs and fails on a send of its own to a type nobody registered."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        return await ctx.send([TextBlock(text="?")], AgentId("nowhere", "x"), timeout=5)
+
+
+async def test_a_targets_own_agent_not_found_fails_the_message_and_is_not_a_missing_target(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    triage = ScriptedModel([_transfer(("h1", "transfer_to_lost")), ScriptedTurn(text="unreachable")])
+    app = App()
+    app.register("lost", lambda _id: _Lost())
+    app.register("triage", lambda _id: LLMAgent(triage, handoffs=["lost"]))
+    await start_worker(app)
+    with pytest.raises(KernelError) as info:
+        await runtime.send_message([TextBlock(text="hi")], AgentId("triage", "t9"), timeout=30)
+    assert "nowhere/x" in str(info.value)
+    assert len(triage.requests) == 1  # not fed back to the model as "no such target"

@@ -104,12 +104,14 @@ class Handoff:
     def spec(self) -> ToolSpec:
         return ToolSpec(self.tool_name, self.description, dict(_EMPTY_ARGUMENTS))
 
-    def agent_id(self, ctx: Context, step: int) -> AgentId:
-        """The agent that receives the conversation: a type name's agent is new for each handoff and the
-        same when a retried handler spawns it again (the message id and step name it)."""
+    def agent_id(self, ctx: Context) -> AgentId:
+        """The agent that receives the conversation: for a type name, that type's agent of the same key as
+        the one handing off (``triage/alice`` hands ``billing/alice`` the conversation). One specialist per
+        conversation, not a new durable agent (a checkpoint and an EventLog nobody reclaims) per handoff;
+        the same agent when a retried handler spawns it again."""
         if isinstance(self.target, AgentId):
             return self.target
-        return AgentId(self.target, f"{ctx.message_id}-{step}", ctx.agent_id.namespace)
+        return AgentId(self.target, ctx.agent_id.key, ctx.agent_id.namespace)
 
 
 HandoffTarget = Handoff | AgentId | AgentType | str
@@ -166,7 +168,7 @@ class Handoffs:
             await journal.settle()  # a child run starts only from a stored turn
         chosen = next(c for c in calls if c.tool_name in self._by_name)
         handoff = self._by_name[chosen.tool_name]
-        target = handoff.agent_id(ctx, step)
+        target = handoff.agent_id(ctx)
         others = {
             c.call_id: _not_run(c, chosen, str(target), c.tool_name in self._by_name)
             for c in calls
@@ -196,7 +198,10 @@ class Handoffs:
         )
         try:
             answer = await ctx.spawn(target, [handoff_block(ctx.agent_id, passed)], timeout=handoff.timeout_s)
-        except AgentNotFoundError as exc:  # the model may pick another target
+        except AgentNotFoundError as exc:
+            if exc.agent_id != str(target):
+                raise  # the target ran and failed on a send of its own: its failure, as any other
+            # No such target: the model may pick another.
             result = ToolResultBlock(call_id=chosen.call_id, content=[exc.to_block()], is_error=True)
         else:
             result = ToolResultBlock(
