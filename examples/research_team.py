@@ -1,9 +1,10 @@
 """A research team of LLM agents: a planner spawns one researcher per topic and a writer, each an LLMAgent.
 
-Offline by default (ScriptedModel: no network, deterministic). With ``OPENAI_API_KEY`` or
-``ANTHROPIC_API_KEY`` set, the same tree runs on the real provider through the official SDK
-(``PLEXUS_LLM_MODEL`` names the model): OpenAI through the Responses API, or Chat Completions with
-``PLEXUS_OPENAI_API=chat`` or a custom ``OPENAI_BASE_URL`` (vLLM/Ollama/LM Studio speak only that).
+Offline by default (ScriptedModel: no network, deterministic). With ``OPENAI_API_KEY``,
+``ANTHROPIC_API_KEY`` or ``GEMINI_API_KEY`` / ``GOOGLE_API_KEY`` set (looked at in that order), the same tree
+runs on the real provider through the official SDK (``PLEXUS_LLM_MODEL`` names the model): OpenAI through
+the Responses API, or Chat Completions with ``PLEXUS_OPENAI_API=chat`` or a custom ``OPENAI_BASE_URL``
+(vLLM/Ollama/LM Studio speak only that); Gemini through google-genai.
 
 The researchers' lookup tool comes from a small MCP server (`examples/library_mcp.py`, stdio, one process
 per worker); the writer answers with a typed `Report` (``output_type``), which `main` reads back with
@@ -40,6 +41,7 @@ from plexus.core import (
 )
 from plexus.llm import (
     AnthropicModel,
+    GeminiModel,
     LLMAgent,
     MCPServer,
     ModelClient,
@@ -76,6 +78,10 @@ def _real_model() -> ModelClient | None:
 
         model = os.environ.get("PLEXUS_LLM_MODEL", "claude-sonnet-4-5")
         return AnthropicModel(anthropic.AsyncAnthropic(), model)
+    if os.environ.get("GEMINI_API_KEY") or os.environ.get("GOOGLE_API_KEY"):
+        from google import genai  # the client reads either key from the environment
+
+        return GeminiModel(genai.Client(), os.environ.get("PLEXUS_LLM_MODEL", "gemini-2.5-flash"))
     return None
 
 

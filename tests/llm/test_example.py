@@ -24,6 +24,7 @@ from plexus.core import AgentId, TextBlock
 from plexus.llm import (
     OUTPUT_TOOL,
     AnthropicModel,
+    GeminiModel,
     LLMAgent,
     ModelClient,
     OpenAIChatModel,
@@ -32,6 +33,7 @@ from plexus.llm import (
 )
 from plexus.runtime import App, Runtime
 
+from .fake_gemini import gemini_client, gemini_frames
 from .fake_providers import FakeProvider, Sse, anthropic_frames, openai_frames
 from .fake_responses import responses_frames
 
@@ -41,7 +43,8 @@ DEV += ["--run", "examples.research_team:main"]
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in ("OPENAI_API_KEY", "ANTHROPIC_API_KEY")}
+    keys = ("OPENAI_API_KEY", "ANTHROPIC_API_KEY", "GEMINI_API_KEY", "GOOGLE_API_KEY")
+    env = {k: v for k, v in os.environ.items() if k not in keys}
     env["PYTHONPATH"] = str(REPO)
     env["PLEXUS_GATEWAY_PORT"] = "0"  # a free port: tests may run beside a developer's `make run`
     return env
@@ -149,6 +152,16 @@ async def test_the_writers_report_on_anthropic_is_the_forced_output_tool(
     (request,) = fake.requests
     assert request["tool_choice"] == {"type": "tool", "name": OUTPUT_TOOL}
     assert request["tools"][0]["input_schema"]["required"] == ["title", "summary", "key_points"]
+
+
+async def test_the_writers_report_on_gemini_is_a_json_response_schema(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    async with FakeProvider(lambda _: Sse(gemini_frames(REPORT.model_dump_json())), base_path="") as fake:
+        await _writer_on(GeminiModel(gemini_client(fake), "gemini"), runtime, start_worker, "g")
+    config = fake.requests[0]["generationConfig"]
+    assert config["responseMimeType"] == "application/json"
+    assert config["responseJsonSchema"]["required"] == ["title", "summary", "key_points"]
 
 
 def _start(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:

@@ -83,6 +83,8 @@ def _clean_env() -> dict[str, str]:
         "PYTHONHOME",
         "OPENAI_API_KEY",
         "ANTHROPIC_API_KEY",
+        "GEMINI_API_KEY",
+        "GOOGLE_API_KEY",
     )
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env["UV_PYTHON_DOWNLOADS"] = "never"
