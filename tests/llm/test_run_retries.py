@@ -18,6 +18,7 @@ from plexus.core import (
     AgentNotFoundError,
     BudgetExhaustedError,
     CancellationError,
+    ConcurrentAppendError,
     KernelError,
     MiddlewareTermination,
     RetryPolicy,
@@ -161,6 +162,7 @@ async def test_provider_retry_caps_the_providers_retry_after_by_max_s(
         (SpawnDenied("run", {"max_agents": 1}), False),
         (MiddlewareTermination("guardrail"), False),
         (AgentCrashError("run", "a/b"), False),  # a callee's crash retries are spent already
+        (ConcurrentAppendError(3, 5), False),  # a fenced write: Fencing's, never retried in place
         (KernelError("plain"), False),
         # A registered type with no live worker may have one on the next attempt; a misspelt one never will.
         (AgentNotFoundError("a/b", registered=True), True),

@@ -5,10 +5,9 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from plexus.core import AgentId, ConcurrentAppendError
-from plexus.runtime.store._checkpoints import CheckpointConflictError
+from plexus.core import AgentId
 
-from ._steps import LeaseLost, SettleNext
+from ._steps import FENCED_WRITES, LeaseLost, SettleNext
 from ._work import LEAVE, Settlement, _Work
 
 __all__ = ["Fencing"]
@@ -53,7 +52,7 @@ class Fencing:
                     return LEAVE
                 try:
                     return await call_next(work)
-                except (ConcurrentAppendError, CheckpointConflictError) as exc:
+                except FENCED_WRITES as exc:
                     self._drop(agent_id)
                     if not self._holds_partition(work):
                         log.warning("fenced %s: %s", agent_id, exc)

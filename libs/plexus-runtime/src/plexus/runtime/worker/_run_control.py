@@ -31,7 +31,7 @@ from plexus.runtime.wire._orchestration import (
 )
 from plexus.runtime.wire._subjects import escape_token
 
-from ._steps import LeaseLost
+from ._steps import FENCED_WRITES, LOST_OWNERSHIP
 
 __all__ = ["RetriesExhausted", "RetryInterceptor", "RunControlInterceptor", "retryable"]
 
@@ -138,9 +138,11 @@ def retryable(exc: KernelError) -> bool:
 
     Only recoverable errors: a provider's 429 or 5xx, a store outage, a reply that did not come in time.
     Typed outcomes (budget, cancellation, spawn denial, a guardrail, a bad request) fail the same way
-    again. An `AgentCrashError` reaching a handler is a callee whose crash retries are spent already.
+    again. An `AgentCrashError` reaching a handler is a callee whose crash retries are spent already. A fenced
+    write (`ConcurrentAppendError`, `CheckpointConflictError`) means this activation lost its agent: the same
+    activation would be fenced again, so it goes to `Fencing`, never to the policy.
     """
-    return exc.recoverable and not isinstance(exc, AgentCrashError)
+    return exc.recoverable and not isinstance(exc, (AgentCrashError, *FENCED_WRITES))
 
 
 class RetryInterceptor(Interceptor):
@@ -189,8 +191,10 @@ class RetryInterceptor(Interceptor):
         while True:
             try:
                 return await call_next(inp)
-            except LeaseLost:
-                # The partition's new owner runs the message: retrying here would only hold the key's mailbox.
+            except LOST_OWNERSHIP:
+                # A lost lease or a fenced write (the activation's log_seq or checkpoint revision is stale):
+                # `Fencing` drops the activation and asks who owns the partition; retrying this activation
+                # here would be fenced every time while holding the key's mailbox.
                 raise
             except KernelError as exc:
                 failures += 1

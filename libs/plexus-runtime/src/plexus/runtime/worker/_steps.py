@@ -12,9 +12,12 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
+from plexus.core import ConcurrentAppendError
+from plexus.runtime.store._checkpoints import CheckpointConflictError
+
 from ._work import Settlement, _Work
 
-__all__ = ["LeaseLost", "MessageStep", "SettleNext", "compose"]
+__all__ = ["FENCED_WRITES", "LOST_OWNERSHIP", "LeaseLost", "MessageStep", "SettleNext", "compose"]
 
 #: The rest of the chain: handles `work` and tells how it ends.
 SettleNext = Callable[[_Work], Awaitable[Settlement]]
@@ -22,6 +25,16 @@ SettleNext = Callable[[_Work], Awaitable[Settlement]]
 
 class LeaseLost(Exception):
     """The partition's lease was lost while the message ran: its new owner handles it, we commit nothing."""
+
+
+#: A fenced write: the agent's EventLog or checkpoint moved since this activation loaded it (a zombie's
+#: write, or someone else's while we hold the partition). Running the same activation again fails the same
+#: way: only `Fencing` (which drops the activation and asks who owns the partition) sorts it out.
+FENCED_WRITES: tuple[type[Exception], ...] = (ConcurrentAppendError, CheckpointConflictError)
+
+#: Everything meaning "this activation lost ownership of its agent": never retried in place by a handler's
+#: retry policy (`RetryInterceptor`), always left to `Fencing`.
+LOST_OWNERSHIP: tuple[type[Exception], ...] = (LeaseLost, *FENCED_WRITES)
 
 
 class MessageStep(Protocol):
