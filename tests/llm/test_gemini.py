@@ -364,3 +364,40 @@ async def test_an_error_chunk_inside_the_200_stream_is_typed_by_its_code() -> No
         with pytest.raises(ProviderUnavailableError) as caught:
             await complete(_model(fake), ModelRequest([_user("go")]))
     assert caught.value.status == 503
+
+
+async def test_bad_turns_through_the_loop_are_results_or_marked_replies_and_the_worker_serves_on(
+    runtime: Any, start_worker: Any
+) -> None:
+    """A call with non-finite arguments is answered with an error the model sees; a safety block ends the
+    message marked ``blocked``; the same agent then answers the next message."""
+    from plexus.core import AgentId
+    from plexus.llm import FINISH_KEY, tool
+    from plexus.runtime import App
+
+    @tool
+    def note(text: str) -> str:
+        """Write a note."""
+        return f"noted {text}"
+
+    def respond(body: dict[str, Any]) -> Answer:
+        last = body["contents"][-1]["parts"][0]
+        if last.get("text") == "unsafe":
+            return Sse(gemini_frames("", finish="SAFETY"))
+        if "functionResponse" in last:
+            return Sse(gemini_frames("recovered"))
+        return Sse(gemini_frames("", [GeminiCall("note", {"text": float("nan")})]))
+
+    async with FakeProvider(respond, base_path="") as fake:
+        app = App()
+        app.register("noter", lambda _id: LLMAgent(_model(fake), tools=[note]))
+        await start_worker(app)
+        agent = AgentId("noter", "b1")
+        reply = await runtime.send_message([TextBlock(text="note NaN")], agent, timeout=30)
+        blocked = await runtime.send_message([TextBlock(text="unsafe")], agent, timeout=30)
+        again = await runtime.send_message([TextBlock(text="note NaN")], agent, timeout=30)
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["recovered"]
+    error = fake.requests[1]["contents"][-1]["parts"][0]["functionResponse"]["response"]
+    assert list(error) == ["error"]
+    assert all(b.metadata.get(FINISH_KEY) == "blocked" for b in blocked)
+    assert [b.text for b in again if isinstance(b, TextBlock)] == ["recovered"]
