@@ -1,0 +1,70 @@
+"""The transcript view in real headless Chromium: an LLM agent's node opens its turns (model items, tool calls
+with their arguments and results, usage, finish), "fork from here" with an edited message starts a fork, and
+the fork is shown beside its source, filled in live as it runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Page, expect
+
+from . import test_dashboard
+from .conftest import TOKEN, Stack
+
+browser = test_dashboard.browser  # the Chromium fixtures
+tab = test_dashboard.page  # a page of its own context, failing on JavaScript errors
+
+pytestmark = pytest.mark.timeout(240)
+expect.set_options(timeout=30_000)
+
+
+async def test_the_transcript_opens_from_a_node_and_forks_from_a_turn_side_by_side(
+    gw: Stack, tab: Page, tmp_path: Path
+) -> None:
+    started = await gw.client.post(
+        "/v1/runs", json={"agent_id": "llm/ui-tx", "input": [{"type": "text", "text": "find plexus"}]}
+    )
+    run_id = started.json()["run_id"]
+    page = tab
+    assert (await gw.rt.wait_run(run_id, timeout=60)).status == "completed"
+
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}&node={run_id}")
+    await expect(page.locator("#d-title")).to_have_text("llm/ui-tx")
+    await page.locator("#d-transcript").click()
+    main = page.locator("#tx-main")
+    await expect(main).to_have_attribute("data-agent", "llm/ui-tx")
+    await expect(main.locator(".tx-input")).to_contain_text("find plexus")
+    turns = main.locator(".tx-turn")
+    await expect(turns).to_have_count(2)
+    first = turns.nth(0)
+    await expect(first.locator(".tx-turn-head")).to_contain_text("turn 1 · tool_call · in 120 · out 30")
+    await expect(first.locator(".tx-model .tx-text")).to_have_text("Looking it up.")
+    await expect(first.locator(".tx-call")).to_contain_text('lookup({"q":"plexus"})')
+    await expect(first.locator(".tx-result")).to_contain_text("found plexus")
+    await expect(turns.nth(1).locator(".tx-model .tx-text")).to_have_text("Found it.")
+    await expect(turns.nth(1).locator(".tx-turn-head")).to_contain_text("completed")
+
+    # Fork from turn 1 with an edited message: the fork opens beside its source and fills in live.
+    await first.locator(".tx-fork").click()
+    await expect(page.locator("#tx-fork-point")).to_have_text("after turn 1")
+    await page.locator("#tx-edit-message").fill("and once more")
+    await page.locator("#tx-fork-go").click()
+    lineage = f"forked from llm/ui-tx in {run_id} after turn 1"
+    await expect(main.locator(".tx-lineage")).to_contain_text(lineage)
+    source = page.locator("#tx-source")
+    await expect(source).to_be_visible()
+    await expect(source).to_have_attribute("data-run", run_id)
+    await expect(source.locator('.tx-turn[data-turn="1"]')).to_have_attribute("data-shared", "true")
+    await expect(source.locator(".tx-forked-here")).to_have_count(1)
+    # What the fork's model saw first: the source's conversation up to turn 1, then the edit.
+    await expect(main.locator(".tx-input").last).to_contain_text("and once more")
+    await expect(main.locator(".tx-input")).to_contain_text(["find plexus", "Looking it up."])
+    await expect(main.locator(".tx-turn")).to_have_count(2)
+    await expect(main).to_have_attribute("data-live", "false")
+    fork_run = await main.get_attribute("data-run")
+    assert fork_run is not None
+    assert fork_run != run_id
+    record = await gw.rt.get_run(fork_run)
+    assert record.forked_from == {"run_id": run_id, "agent_id": "llm/ui-tx", "message": 0, "turn": 1}
+    await page.screenshot(path=str(tmp_path / "transcript-fork.png"), full_page=True)
