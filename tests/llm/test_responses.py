@@ -11,6 +11,7 @@ import openai
 import pytest
 
 from plexus.core import (
+    AgentId,
     FinishReasonKind,
     ImageBlock,
     Item,
@@ -36,7 +37,9 @@ from plexus.llm import (
     UnsupportedSettingError,
     complete,
     responses_input,
+    tool,
 )
+from plexus.runtime import App, Runtime
 
 from .fake_providers import Drop, FakeProvider, Sse, Status
 from .fake_responses import Reasoning, ReasoningLedger, event_frame, responses_frames
@@ -258,6 +261,38 @@ async def test_malformed_arguments_are_kept_raw_for_an_error_the_model_sees() ->
     invalid = call.metadata[INVALID_ARGUMENTS_KEY]
     assert isinstance(invalid, dict)
     assert invalid["raw"] == '{"q": '
+
+
+@tool
+def search(q: str) -> str:
+    """Search the web."""
+    return f"found {q}"
+
+
+async def test_an_agent_answers_malformed_arguments_and_an_unknown_item_and_goes_on(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    """Bad input inside a turn (a call whose arguments are not JSON, an item type nobody knows) fails nothing:
+    the call gets an error result the model reads on the next call, the unknown item goes back with it."""
+    future = {"type": "future_item", "id": "fi_1"}
+
+    def respond(body: dict[str, Any]) -> Sse:
+        if any(i.get("type") == "function_call_output" for i in body["input"]):
+            return Sse(responses_frames("recovered"))
+        return Sse(responses_frames("", [("call_bad", "search", '{"q": nope}')], items=[future]))
+
+    async with FakeProvider(respond) as fake:
+        client = openai.AsyncOpenAI(base_url=fake.base_url, api_key="k", max_retries=0)
+        app = App()
+        app.register("searcher", lambda _id: LLMAgent(OpenAIResponsesModel(client, "m"), tools=[search]))
+        await start_worker(app)
+        reply = await runtime.send_message([TextBlock(text="find")], AgentId("searcher", "s1"), timeout=30)
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["recovered"]
+    second = fake.requests[1]["input"]
+    assert future in second
+    (output,) = [i for i in second if i.get("type") == "function_call_output"]
+    assert output["call_id"] == "call_bad"
+    assert "not valid JSON" in output["output"]
 
 
 async def test_a_stream_without_a_completion_event_is_provider_unavailable() -> None:
