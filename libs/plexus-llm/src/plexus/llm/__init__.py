@@ -8,7 +8,7 @@ Public API (the ``_modules`` are private):
 - typed provider errors: `ProviderError` and its subclasses
 - adapters over the official SDKs: `OpenAIChatModel` (any OpenAI-compatible ``base_url``),
   `OpenAIResponsesModel` (OpenAI's Responses API, reasoning items round-tripped), `AnthropicModel`
-  (Messages API)
+  (Messages API), `GeminiModel` (google-genai, thought signatures round-tripped)
 - the loop: `LLMAgent` (journaled steps `LlmStep`), tools (`tool`, `Tool`, `ToolRegistry`)
 - compaction: `CompactionPipeline` and its strategies (tool pairs never split)
 - middleware at the turn, model-call and tool-call stages: `Middleware`, `ProviderRetry`, `RateLimit`,
