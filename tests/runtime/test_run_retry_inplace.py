@@ -4,12 +4,18 @@ by ``max_retries``, and a reply timeout is not retried in place by default (the 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import subprocess
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from plexus.core import (
+    AgentCrashError,
     AgentId,
     BaseBlock,
     RetryPolicy,
@@ -19,7 +25,7 @@ from plexus.core import (
 from plexus.runtime import Agent, App, Context, Runtime
 from plexus.runtime.orchestration import RunStatus
 
-from .conftest import StartWorker
+from .conftest import StartWorker, WorkerProcess
 
 FAST_POLICY = RetryPolicy(max_retries=3, initial_backoff_s=0.05, max_backoff_s=0.05)
 
@@ -73,3 +79,50 @@ async def test_a_fenced_checkpoint_is_not_retried_in_place_but_fenced(
     assert len(calls) == 2  # the fenced run and Fencing's one rerun; no in-place retry of the policy
     record = await runtime.get_run(run_id)
     assert (record.status, record.attempts) == (RunStatus.COMPLETED, 2)
+
+
+async def _kill(worker: subprocess.Popen[bytes]) -> None:
+    os.kill(worker.pid, signal.SIGKILL)
+    assert await asyncio.to_thread(worker.wait, 10) == -signal.SIGKILL
+
+
+def _count(log: Path) -> int:
+    return len(log.read_text().splitlines()) if log.exists() else 0
+
+
+async def _starts(log: Path, n: int) -> None:
+    """Until the handler has started `n` times."""
+    for _ in range(1200):
+        if await asyncio.to_thread(_count, log) >= n:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"the handler never started {n} times")
+
+
+@pytest.mark.parametrize("max_retries", [3, 1])
+async def test_an_in_place_retry_then_a_crash_count_on_one_attempt_counter(
+    runtime: Runtime, worker_process: WorkerProcess, orchestrator: Any, tmp_path: Path, max_retries: int
+) -> None:
+    """Attempt 1 fails (retried in place: attempt 2), attempt 2 dies with its worker (SIGKILL), the
+    redelivery on another worker is attempt 3. Before: the in-place retry reported attempt 2 and the crash
+    attempt 2 again, which the orchestrator ignored as seen (the run stayed at 2 attempts), and each kind had
+    its own max_retries. Now, with max_retries=3 the run completes after 3 attempts, all counted; with
+    max_retries=1 attempt 3 is one too many: the run fails with AgentCrashError, the handler ran twice."""
+    log = tmp_path / "starts.log"
+    env = {"RETRY_LOG": str(log)}
+    first = worker_process("tests.runtime.apps_retries:app", "--worker-id", "w1", env=env)
+    await runtime.get("flaky", lazy=False, timeout=60)
+    policy = RetryPolicy(max_retries=max_retries, initial_backoff_s=0.05, max_backoff_s=0.05)
+    run_id = await runtime.start_run(AgentId("flaky", "k"), [TextBlock(text="go")], retry=policy)
+    await _starts(log, 2)
+    await _kill(first)
+    worker_process("tests.runtime.apps_retries:app", "--worker-id", "w2", env=env)
+    if max_retries >= 2:
+        reply = await runtime.run_result(run_id, timeout=60)
+        assert _texts(reply) == ["ok after 3 starts"]
+        record = await runtime.get_run(run_id)
+        assert (record.status, record.attempts) == (RunStatus.COMPLETED, 3)
+    else:
+        with pytest.raises(AgentCrashError):
+            await runtime.run_result(run_id, timeout=60)
+        assert _count(log) == 2  # max_retries + 1 runs of the handler in all

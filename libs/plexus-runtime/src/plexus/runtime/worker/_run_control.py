@@ -148,13 +148,17 @@ def retryable(exc: KernelError) -> bool:
 class RetryInterceptor(Interceptor):
     """Retries by the run's RetryPolicy.
 
-    - Crashed attempts: each start of a handler for a durable orchestrated message increments the message's
-      attempt counter (`Nats-Incr`, atomic). A count above 1 means an earlier attempt died with its worker
-      (or lost its lease). Within `max_retries` the handler runs again after the backoff, from the agent's
-      last checkpoint; beyond it the worker dead-letters the message and the caller gets AgentCrashError.
+    One counter per durable orchestrated message (`Nats-Incr`, atomic) numbers its attempts of both kinds,
+    so `max_retries` bounds them together (at most ``max_retries + 1`` runs of the handler) and every
+    report's ``attempt`` is higher than the last one's (the orchestrator ignores one it has seen).
+
+    - Crashed attempts: each delivery that starts the handler counts one attempt. A count above 1 on a
+      delivery means the attempt before it never ended: it died with its worker (or lost its lease). Within
+      `max_retries` the handler runs again after the backoff, from the agent's last checkpoint; beyond it the
+      worker dead-letters the message and the caller gets AgentCrashError.
     - Handler exceptions (HandlerError) and recoverable KernelErrors (`retryable`) are retried in place if
       the policy allows it, after the backoff and after the agent's state is restored from its checkpoint;
-      each retry is reported to the orchestrator (the run's ``attempts``).
+      each retry counts one attempt and is reported to the orchestrator (the run's ``attempts``).
     """
 
     def __init__(
@@ -172,22 +176,16 @@ class RetryInterceptor(Interceptor):
         if run is None or not run.orchestrated or inp.delivery is None:
             return await call_next(inp)
         policy = RetryPolicy.model_validate(run.retry) if run.retry else RetryPolicy()
-        rt = self.client.rt
-        subject = attempt_counter_subject(
-            rt.prefix, escape_token(rt.namespace), escape_token(inp.envelope.id)
-        )
-        reply = await rt.nc.request(subject, b"", headers={"Nats-Incr": "1"}, timeout=5)
-        crashes = int(json.loads(reply.data)["val"]) - 1
-        if crashes > 0:
-            if not policy.should_retry("AgentCrashError", crashes):
+        attempt = await self._next_attempt(inp)
+        if attempt > 1:  # the attempt before this one never ended: it crashed
+            if not policy.should_retry("AgentCrashError", attempt - 1):
                 raise RetriesExhausted(
                     AgentCrashError(run.run_id, inp.agent.id),
-                    lambda: self._report(inp, crashes + 1, "exhausted", 0.0),
+                    lambda: self._report(inp, attempt, "exhausted", 0.0),
                 )
-            backoff = policy.backoff(crashes)
-            await self._report(inp, crashes + 1, "retry", backoff)
+            backoff = policy.backoff(attempt - 1)
+            await self._report(inp, attempt, "retry", backoff)
             await self.sleep(backoff)
-        failures = 0
         while True:
             try:
                 return await call_next(inp)
@@ -196,21 +194,31 @@ class RetryInterceptor(Interceptor):
                 # `Fencing` drops the activation and asks who owns the partition; retrying this activation
                 # here would be fenced every time while holding the key's mailbox.
                 raise
-            except KernelError as exc:
-                failures += 1
-                if not retryable(exc) or not policy.should_retry(exc, failures):
+            except KernelError as exc:  # attempts 1..attempt have all failed: `attempt` failures so far
+                if not retryable(exc) or not policy.should_retry(exc, attempt):
                     raise
                 cause = exc.error_type
             except Exception as exc:
-                failures += 1
-                if not policy.should_retry("HandlerError", failures):
+                if not policy.should_retry("HandlerError", attempt):
                     raise
                 cause = type(exc).__name__
-            backoff = policy.backoff(failures)
-            log.info("retrying %s after %s (failure %d)", inp.agent.id, cause, failures)
-            await self._report(inp, crashes + 1 + failures, "retry", backoff, cause)
+            backoff = policy.backoff(attempt)
+            # The retry is an attempt of the same counter: a crash during it (or its backoff) is seen by the
+            # next delivery as the attempt after it, and max_retries bounds both kinds together.
+            attempt = await self._next_attempt(inp)
+            log.info("retrying %s after %s (attempt %d)", inp.agent.id, cause, attempt)
+            await self._report(inp, attempt, "retry", backoff, cause)
             await self.sleep(backoff)
             await self.reload(inp.ctx)
+
+    async def _next_attempt(self, inp: HandleInput) -> int:
+        """Count one more attempt of the message (atomic `Nats-Incr` on its counter); its number, from 1."""
+        rt = self.client.rt
+        subject = attempt_counter_subject(
+            rt.prefix, escape_token(rt.namespace), escape_token(inp.envelope.id)
+        )
+        reply = await rt.nc.request(subject, b"", headers={"Nats-Incr": "1"}, timeout=5)
+        return int(json.loads(reply.data)["val"])
 
     async def _report(
         self, inp: HandleInput, attempt: int, decision: str, backoff: float, cause: str = ""
