@@ -70,13 +70,13 @@ from ._fold import PrefixFold
 from ._gemini import GeminiModel, gemini_request
 from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
-from ._replay import JournalReplay, ReplayModel  # importing it registers the journal's replay hook
 from ._mcp import MCPServer, MCPTool, close_mcp_connections
 from ._mcperrors import MCPProtocolError, MCPServerError, MCPTimeoutError, MCPToolError
 from ._memo import ItemMemo
 from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
 from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._output import OUTPUT_TOOL, OutputSpec, strict_schema
+from ._replay import JournalReplay, ReplayModel  # importing it registers the journal's replay hook
 from ._responses import RESPONSES_ITEM, OpenAIResponsesModel, responses_input, responses_request
 from ._scripted import ScriptedModel, ScriptedTurn, ScriptExhaustedError
 from ._settings import ModelSettings, UnsupportedSettingError
@@ -84,8 +84,6 @@ from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_bl
 from ._toolsource import ToolSource
 
 __all__ = [
-    "JournalReplay",
-    "ReplayModel",
     "APPROVAL_KEY",
     "FINISH_KEY",
     "HANDOFF_KEY",
@@ -111,6 +109,7 @@ __all__ = [
     "Handoff",
     "HandoffInputError",
     "ItemMemo",
+    "JournalReplay",
     "KeepRecent",
     "LLMAgent",
     "LlmStep",
@@ -141,6 +140,7 @@ __all__ = [
     "RateLimit",
     "RateLimitError",
     "ReasoningDeltaEvent",
+    "ReplayModel",
     "ScriptExhaustedError",
     "ScriptedModel",
     "ScriptedTurn",
