@@ -15,7 +15,15 @@ from typing import Any
 import pytest
 from pydantic import BaseModel
 
-from plexus.core import AgentId, AgentNotFoundError, ErrorBlock, KernelError, TextBlock, ToolResultBlock
+from plexus.core import (
+    AgentId,
+    AgentNotFoundError,
+    ErrorBlock,
+    KernelError,
+    RunMessageReceived,
+    TextBlock,
+    ToolResultBlock,
+)
 from plexus.llm import (
     FINISH_KEY,
     ApprovalPendingError,
@@ -85,7 +93,14 @@ async def test_a_plain_send_raises_approval_required_and_the_decision_is_durable
         await runtime.send_message([TextBlock(text="pay 5")], agent, timeout=20)
     assert required.value.agent_id == str(agent)
     assert required.value.call_ids == ["c1"]
-    assert required.value.calls == [{"call_id": "c1", "tool_name": "transfer", "arguments": {"amount": 5}}]
+    (call,) = required.value.calls
+    assert {k: call[k] for k in ("call_id", "tool_name", "arguments")} == {
+        "call_id": "c1",
+        "tool_name": "transfer",
+        "arguments": {"amount": 5},
+    }
+    assert isinstance(call["suspension"], str)
+    assert call["suspension"]
     assert KernelError.from_wire(required.value.to_wire()) == required.value
     assert len(model.requests) == 1
     assert SENT == []  # nothing ran, not even the ungated balance call of the same turn
@@ -323,10 +338,88 @@ async def test_a_client_that_never_imported_plexus_llm_gets_approval_required_wi
     module, name, fields = result["error"]
     assert (module, name) == ("plexus.runtime.wire._orchestration", "ApprovalRequired")
     assert fields["call_ids"] == ["c1"]
-    assert fields["calls"] == [{"call_id": "c1", "tool_name": "transfer", "arguments": {"amount": 5}}]
+    (call,) = fields["calls"]
+    assert (call["call_id"], call["tool_name"], call["arguments"]) == ("c1", "transfer", {"amount": 5})
+    assert isinstance(call["suspension"], str)
 
 
 async def test_a_decision_for_an_agent_type_nobody_registered_is_refused_at_once(runtime: Runtime) -> None:
     with pytest.raises(AgentNotFoundError) as refused:
         await approve(runtime, AgentId("nobody", "x"), "c1")
     assert refused.value.registered is False
+
+
+async def test_a_call_id_reused_by_a_later_turn_is_decided_again_within_the_duplicate_window(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    """The review's probe: two turns each call `transfer` as ``call_0`` (OpenAI-compatible servers do), both
+    approved within two minutes by bare call id. The second decision is a new message, not a duplicate of
+    the first (which left the agent waiting for ever)."""
+    SENT.clear()
+    model = ScriptedModel(
+        [
+            ScriptedTurn(tool_calls=[("call_0", "transfer", {"amount": 5})]),
+            ScriptedTurn(text="sent 5"),
+            ScriptedTurn(tool_calls=[("call_0", "transfer", {"amount": 7})]),
+            ScriptedTurn(text="sent 7"),
+            ScriptedTurn(text="bye"),
+        ]
+    )
+    agent = AgentId("payer", "reuse")
+    await start_worker(_app(model))
+    with pytest.raises(ApprovalRequired) as first:
+        await runtime.send_message([TextBlock(text="pay 5")], agent, timeout=20)
+    await approve(runtime, agent, "call_0", timeout=30)
+    with pytest.raises(ApprovalRequired) as second:  # queued behind the decision: the next turn's suspension
+        await runtime.send_message([TextBlock(text="pay 7")], agent, timeout=30)
+    await approve(runtime, agent, "call_0", timeout=30)
+    reply = await runtime.send_message([TextBlock(text="thanks")], agent, timeout=30)
+    assert _texts(reply) == ["bye"]
+    assert SENT == [5, 7]
+    assert first.value.calls[0]["suspension"] != second.value.calls[0]["suspension"]
+
+
+async def test_a_decision_names_its_suspension_a_repeat_is_stored_once_and_the_first_decision_stands(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    PAID.clear()
+    calls = [("call_0", "pay_all", {"amount": 5}), ("call_1", "pay_all", {"amount": 7})]
+    later = [("call_0", "pay_all", {"amount": 9})]
+    model = ScriptedModel(
+        [
+            ScriptedTurn(tool_calls=calls),
+            ScriptedTurn(text="done"),
+            ScriptedTurn(tool_calls=later),
+            ScriptedTurn(text="done again"),
+        ]
+    )
+    app = App()
+    app.register("batcher", lambda _id: LLMAgent(model, tools=[pay_all]))
+    await start_worker(app)
+    agent = AgentId("batcher", "once")
+    with pytest.raises(ApprovalRequired) as required:
+        await runtime.send_message([TextBlock(text="pay both")], agent, timeout=20)
+    first, second = required.value.calls
+    await approve(runtime, agent, first, timeout=30)
+    await approve(runtime, agent, first, timeout=30)  # a retry (its answer lost): one message
+    # A deny after the approve of the same call and suspension is refused: the approval stands.
+    with pytest.raises(NoPendingApprovalError, match="already decided") as refused:
+        await deny(runtime, agent, first, reason="changed my mind", wait=True, timeout=20)
+    assert refused.value.call_id == "call_0"
+    reply = await approve(runtime, agent, second, wait=True, timeout=20)
+    assert _texts(reply) == ["done"]
+    assert PAID == [5, 7]
+    log = await runtime.event_log(agent).read()
+    received = [r for r in log if isinstance(r.entry, RunMessageReceived)]
+    assert len(received) == 4  # pay both, call_0's approval once (not its repeat), the refused deny, call_1's
+
+    # A later turn reuses call_0: a decision naming the ended suspension is refused, the new one's is taken.
+    with pytest.raises(ApprovalRequired) as again:
+        await runtime.send_message([TextBlock(text="pay 9")], agent, timeout=20)
+    (new,) = again.value.calls
+    assert new["suspension"] != first["suspension"]
+    with pytest.raises(NoPendingApprovalError):
+        await approve(runtime, agent, first, wait=True, timeout=20)
+    reply = await approve(runtime, agent, new, wait=True, timeout=20)
+    assert _texts(reply) == ["done again"]
+    assert PAID == [5, 7, 9]

@@ -36,16 +36,24 @@ from plexus.core import (
 from plexus.runtime import Agent, Context
 
 from ._accumulate import ModelTurn, TurnAccumulator
-from ._approvals import PENDING_KEY, ApprovalPendingError, NoPendingApprovalError, approval_of
+from ._approvals import (
+    PENDING_KEY,
+    ApprovalPendingError,
+    NoPendingApprovalError,
+    approval_of,
+    check_decision,
+    suspension_id,
+)
 from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
 from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._fork import FORK_KEY, apply_fork, forked
+from ._genai import GenAITelemetry
 from ._handoff import Handoffs, HandoffTarget, handed_back, handed_over
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._memo import encode_json, transcript_bytes, transcript_json
-from ._middleware import Middleware, ModelCall, ProviderRetry, Turn, chain
+from ._middleware import MessageCall, Middleware, ModelCall, ProviderRetry, Turn, chain
 from ._output import StructuredOutput
 from ._settings import TOOL_CHOICES, ModelSettings
 from ._tools import Tool, ToolRegistry
@@ -65,6 +73,8 @@ FINISH_KEY = "plexus.llm.finish"
 #: `LLMAgent`'s default ``provider_retry``: three calls, 0.5 s then 1 s apart (or the provider's
 #: ``retry-after``, at most 30 s).
 _DEFAULT_PROVIDER_RETRY = ProviderRetry()
+#: `LLMAgent`'s default ``telemetry``: GenAI spans while traced, content only when the environment opts in.
+_DEFAULT_TELEMETRY = GenAITelemetry()
 
 
 class ModelFinishedWithError(ProviderError):
@@ -92,6 +102,8 @@ class LLMAgent(Agent):
     `DataBlock` of it; an answer that does not validate is fed back ``output_retries`` times, then the message
     fails with `OutputValidationError`.
     ``handoffs``: agents the model may hand the conversation to (``transfer_to_<name>`` tools; `Handoff`).
+    ``telemetry``: OpenTelemetry GenAI spans and metrics (`GenAITelemetry`, innermost at the message, model and
+    tool stages); left out when ``middleware`` has one of its own, None for none.
     """
 
     def __init__(
@@ -113,6 +125,7 @@ class LLMAgent(Agent):
         output_type: type[BaseModel] | None = None,
         output_retries: int = 1,
         handoffs: Sequence[HandoffTarget] = (),
+        telemetry: GenAITelemetry | None = _DEFAULT_TELEMETRY,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -147,6 +160,11 @@ class LLMAgent(Agent):
         self._model_middleware = (
             self.middleware if own or provider_retry is None else [provider_retry, *self.middleware]
         )
+        if telemetry is not None and not any(isinstance(m, GenAITelemetry) for m in self.middleware):
+            self._model_middleware = [*self._model_middleware, telemetry]
+            self._tool_middleware = self._message_middleware = [*self.middleware, telemetry]
+        else:
+            self._tool_middleware = self._message_middleware = self.middleware
         #: Decisions on approval-gated calls while a resumed tool step runs (call id -> decision).
         self._decisions: dict[str, dict[str, Any]] = {}
         #: Where this activation saw the journal end after its last completed message (None: unknown).
@@ -164,7 +182,9 @@ class LLMAgent(Agent):
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
         try:
-            return await self._handle(blocks, ctx)
+            return await chain("message", self._message_middleware, self._handle_call)(
+                MessageCall(ctx, blocks, self)
+            )
         except BaseException:
             # A failed handling may have journaled steps: the next one must read the journal back.
             self._journal_end = None
@@ -173,6 +193,9 @@ class LLMAgent(Agent):
             raise
         finally:
             self._journal = None
+
+    async def _handle_call(self, call: MessageCall) -> list[BaseBlock]:
+        return await self._handle(call.blocks, call.ctx)
 
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         self._message_usage = Usage()
@@ -188,13 +211,10 @@ class LLMAgent(Agent):
         resumed_turn: Item | None = None  # the suspended model turn whose tool step a decision resumes
         terminated = False
         if pending is not None:
-            if decision is None or decision["call_id"] not in pending["calls"]:
+            if decision is None:
                 calls = list(pending["calls"])
-                if decision is not None:
-                    raise NoPendingApprovalError(
-                        f"call {decision['call_id']!r} awaits no approval", decision["call_id"]
-                    )
                 raise ApprovalPendingError(f"awaiting approval of tool calls {calls}", calls)
+            check_decision(pending, decision)  # its call, its suspension, not decided yet
             pending["decisions"][decision["call_id"]] = decision
             if set(pending["decisions"]) != set(pending["calls"]):
                 ctx.await_approval([c for c in pending["calls"] if c not in pending["decisions"]])
@@ -393,7 +413,8 @@ class LLMAgent(Agent):
     ) -> list[BaseBlock]:
         """Park the loop before the tool step: the state (checkpointed by the runtime) holds it all."""
         calls = self._needs_approval(turn.tool_calls)
-        pending: dict[str, Any] = {"calls": calls, "decisions": {}}
+        suspension = suspension_id(ctx.message_id, len(items))  # call ids recur: decisions name this one
+        pending: dict[str, Any] = {"calls": calls, "decisions": {}, "suspension": suspension}
         end = await journal.settle() if journal is not None else None  # stored before the state parks
         self.state[PENDING_KEY] = pending
         self._keep(items)
@@ -458,7 +479,7 @@ class LLMAgent(Agent):
         call = chain("model", self._model_middleware, call_model)
         if journal is not None:
             await journal.settle()  # a model call follows only stored steps: no crash pays for one twice
-        turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model))
+        turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model, self.model))
         run_id = ctx.run_id or ctx.message_id
         ctx.record(
             RunLlmCall(
@@ -504,7 +525,7 @@ class LLMAgent(Agent):
             return done.item
         if journal is not None:
             await journal.settle()  # tools act only on a stored turn (never on one a retry asks again)
-        runner = ToolStep(self.tools, self.middleware, self.check_max_age, self._decisions)
+        runner = ToolStep(self.tools, self._tool_middleware, self.check_max_age, self._decisions)
         item = await runner.run(ctx, calls)
         if journal is not None:
             await journal.append(step, item)
@@ -528,8 +549,9 @@ async def _race_cancellation(ctx: Context, work: Any) -> ModelTurn:
 def _awaiting(pending: dict[str, Any], made: Sequence[BaseBlock]) -> list[BaseBlock]:
     """The suspended reply: the undecided call ids and, as `ApprovalRequired.calls`, what each call asks."""
     waiting = [c for c in pending["calls"] if c not in pending["decisions"]]
+    suspension: JsonValue = pending.get("suspension")
     calls: list[JsonValue] = [
-        {"call_id": b.call_id, "tool_name": b.tool_name, "arguments": b.arguments}
+        {"call_id": b.call_id, "tool_name": b.tool_name, "arguments": b.arguments, "suspension": suspension}
         for b in made
         if isinstance(b, ToolUseBlock) and b.call_id in waiting
     ]

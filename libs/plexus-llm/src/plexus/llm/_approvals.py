@@ -11,15 +11,24 @@ decision is durable (stored in the agent's inbox stream; for a run, also checked
 orchestrator), and with ``wait=True`` once its outcome is known (the agent's answer, or `ApprovalRequired`
 again). The handler of the decision, on whichever worker owns the agent then, runs the approved calls,
 answers denied ones with an ErrorBlock the model sees, and resumes the loop. The decision message format
-(`plexus.runtime.orchestration.approval_blocks`) is the runtime's.
+(`plexus.runtime.orchestration.approval_blocks`) is the runtime's; a decision from here also names the
+suspension it is for.
+
+Call ids are not unique over an agent's life (providers reuse ``call_0``), so each suspension has its own id
+(``suspension`` in the pending state and in each entry of `ApprovalRequired.calls`, derived from the message
+whose handling suspended). A decision that names it is stored under an id of (agent, suspension, call,
+verdict): a repeat is stored once, a later suspension's decision on the same call id is a new message, and
+one for a suspension that has ended is refused. The first decision on a call stands: another one (a deny
+after an approve) is refused with `NoPendingApprovalError`.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, overload
 
-from plexus.core import AgentId, BaseBlock, DataBlock, KernelError
+from plexus.core import AgentId, BaseBlock, DataBlock, KernelError, MessageId
 from plexus.runtime import Runtime, blocks_from_payload
 from plexus.runtime.orchestration import APPROVAL_KEY, ApprovalRequired, RunStatus, approval_blocks
 
@@ -35,8 +44,12 @@ __all__ = [
     "deny",
 ]
 
-#: Agent state key of the pending approval: {"calls": [call ids], "decisions": {call id: decision}}.
+#: Agent state key of the pending approval: {"calls": [call ids], "decisions": {call id: decision},
+#: "suspension": its id} (no "suspension" in a state written before it existed: any decision matches).
 PENDING_KEY = "plexus.llm.pending_approval"
+
+#: What a decision may name: a call id, or an entry of `ApprovalRequired.calls` (its call id and suspension).
+Call = str | Mapping[str, Any]
 
 
 class ApprovalPendingError(KernelError):
@@ -59,24 +72,65 @@ class NoPendingApprovalError(KernelError):
         self.call_id = call_id
 
 
+def suspension_id(message_id: str, items: int) -> str:
+    """The id of the suspension that handling `message_id` ends in, with `items` transcript items (at most one
+    per handled message; the same when a crashed handler runs the message again, as the journal replays)."""
+    return hashlib.sha256(f"{message_id}\n{items}".encode()).hexdigest()[:16]
+
+
 def approval_of(blocks: list[BaseBlock]) -> dict[str, Any] | None:
     """The decision carried by ``blocks``, or None when they are an ordinary message."""
     if len(blocks) == 1 and isinstance(blocks[0], DataBlock):
         decision = blocks[0].data.get(APPROVAL_KEY)
         if isinstance(decision, dict) and isinstance(decision.get("call_id"), str):
+            suspension = decision.get("suspension")
             return {
                 "call_id": decision["call_id"],
                 "approved": decision.get("approved") is True,
                 "reason": str(decision.get("reason") or ""),
+                "suspension": suspension if isinstance(suspension, str) else None,
             }
     return None
+
+
+def check_decision(pending: dict[str, Any], decision: dict[str, Any]) -> None:
+    """Refuse a decision the pending approval cannot take: a call it does not wait for, one of another
+    suspension (an earlier turn's call with the same id), or a call already decided (the first decision
+    stands)."""
+    call_id = decision["call_id"]
+    mine = pending.get("suspension")
+    if call_id not in pending["calls"] or (
+        decision.get("suspension") is not None and mine is not None and decision["suspension"] != mine
+    ):
+        raise NoPendingApprovalError(f"call {call_id!r} awaits no approval", call_id)
+    first = pending["decisions"].get(call_id)
+    if first is not None:
+        verdict = "approved" if first["approved"] else "denied"
+        raise NoPendingApprovalError(f"call {call_id!r} is already decided ({verdict})", call_id)
+
+
+def _decision(call: Call) -> tuple[str, str | None]:
+    if isinstance(call, str):
+        return call, None
+    if isinstance(call, Mapping) and isinstance(call.get("call_id"), str):
+        suspension = call.get("suspension")
+        return call["call_id"], suspension if isinstance(suspension, str) else None
+    raise TypeError(f"call must be a call id or an entry of ApprovalRequired.calls, got {call!r}")
+
+
+def decision_blocks(call_id: str, approved: bool, reason: str, suspension: str | None) -> list[BaseBlock]:
+    """`approval_blocks`, naming the suspension the decision is for when it is known."""
+    if suspension is None:
+        return approval_blocks(call_id, approved, reason)
+    decision = {"call_id": call_id, "approved": approved, "reason": reason, "suspension": suspension}
+    return [DataBlock(data={APPROVAL_KEY: decision})]
 
 
 @overload
 async def approve(
     rt: Runtime,
     target: AgentId | str,
-    call_id: str,
+    call: Call,
     *,
     approved: bool = True,
     reason: str = "",
@@ -89,7 +143,7 @@ async def approve(
 async def approve(
     rt: Runtime,
     target: AgentId | str,
-    call_id: str,
+    call: Call,
     *,
     approved: bool = True,
     reason: str = "",
@@ -101,7 +155,7 @@ async def approve(
 async def approve(
     rt: Runtime,
     target: AgentId | str,
-    call_id: str,
+    call: Call,
     *,
     approved: bool = True,
     reason: str = "",
@@ -109,22 +163,30 @@ async def approve(
     timeout: float = 300.0,
 ) -> list[BaseBlock] | None:
     """Decide one pending tool call of `target` (an agent awaiting approval after a plain send, or the id of
-    an orchestrated run) from any process.
+    an orchestrated run) from any process. `call` is an entry of `ApprovalRequired.calls` (it names the
+    suspension too) or a bare call id.
 
     Returns once the decision is durable: stored in the agent's inbox stream, handled once by whichever
     worker owns the agent then (also one that starts later); for a run the orchestrator first checks that the
-    run waits for `call_id` (RunStateError if not) and records it. With ``wait=True`` returns the agent's
+    run waits for the call (RunStateError if not) and records it. With ``wait=True`` returns the agent's
     answer once the loop has resumed and finished (a run's result), or raises `ApprovalRequired` when it
     waits for decisions again (other calls of the turn, or a later turn's), or the typed error it failed
-    with; for an agent a `call_id` it does not wait for is `NoPendingApprovalError` (without ``wait`` the
-    worker logs it)."""
+    with; for an agent, a call it does not wait for (or of a suspension that has ended, or already decided:
+    the first decision stands) is `NoPendingApprovalError` (without ``wait`` the worker logs it). A repeat of
+    a decision that names its suspension is stored once; a bare call id's is stored each time (the agent
+    refuses the second)."""
+    call_id, suspension = _decision(call)
     if isinstance(target, AgentId):
-        blocks = approval_blocks(call_id, approved, reason)
+        blocks = decision_blocks(call_id, approved, reason, suspension)
         if wait:
             return await rt.send_message(blocks, target, timeout=timeout)
-        # Fixed per decision: a repeated call (its answer lost) stores one message (the stream's dedupe).
-        digest = hashlib.sha256(f"{target}\n{call_id}".encode()).hexdigest()[:32]
-        await rt.post_message(blocks, target, message_id=f"approve-{digest}", timeout=min(timeout, 30.0))
+        message_id = str(MessageId.new())
+        if suspension is not None:
+            # Fixed per decision of this suspension: a repeated call (its answer lost) stores one message (the
+            # stream's dedupe), while a later suspension reusing the call id, or the other verdict, is new.
+            key = f"{target}\n{suspension}\n{call_id}\n{approved}"
+            message_id = f"approve-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+        await rt.post_message(blocks, target, message_id=message_id, timeout=min(timeout, 30.0))
         return None
     if not isinstance(target, str) or not target:
         raise TypeError(f"target must be an AgentId or a run id, got {target!r}")
@@ -141,7 +203,7 @@ async def approve(
 async def deny(
     rt: Runtime,
     target: AgentId | str,
-    call_id: str,
+    call: Call,
     *,
     reason: str = "",
     wait: Literal[False] = False,
@@ -153,7 +215,7 @@ async def deny(
 async def deny(
     rt: Runtime,
     target: AgentId | str,
-    call_id: str,
+    call: Call,
     *,
     reason: str = "",
     wait: Literal[True],
@@ -164,7 +226,7 @@ async def deny(
 async def deny(
     rt: Runtime,
     target: AgentId | str,
-    call_id: str,
+    call: Call,
     *,
     reason: str = "",
     wait: bool = False,
@@ -172,6 +234,6 @@ async def deny(
 ) -> list[BaseBlock] | None:
     """`approve` with ``approved=False``: the model sees an ``ApprovalDenied`` error result with `reason`."""
     if wait:
-        return await approve(rt, target, call_id, approved=False, reason=reason, wait=True, timeout=timeout)
-    await approve(rt, target, call_id, approved=False, reason=reason, timeout=timeout)
+        return await approve(rt, target, call, approved=False, reason=reason, wait=True, timeout=timeout)
+    await approve(rt, target, call, approved=False, reason=reason, timeout=timeout)
     return None
