@@ -15,8 +15,12 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from plexus.core import AgentId, TextBlock, entry_to_json
+from plexus.core import AgentId, BaseBlock, TextBlock, ToolResultBlock, entry_to_json
+from plexus.llm import LLMAgent, ModelRequest, ScriptedModel, ScriptedTurn, tool
 from plexus.runtime import (
+    Agent,
+    App,
+    Context,
     ForkEdit,
     ForkPoint,
     ForkPointNotFoundError,
@@ -188,3 +192,49 @@ async def test_a_worker_killed_during_a_forked_run_loses_nothing(
     assert notes.read_text().split() == ["t1", "t2", "t3", "t3"]
     record = await runtime.get_run(fork_id)
     assert record.usage.turns == 2, record.usage  # the fork's two answered calls, each counted once
+
+
+@tool
+async def ask_expert(question: str, ctx: Context) -> str:
+    """Ask the expert sub-agent (a child run of the tree)."""
+    reply = await ctx.spawn(AgentId("expert", "e1"), [TextBlock(text=question)], timeout=30)
+    return " ".join(b.text for b in reply if isinstance(b, TextBlock))
+
+
+def _lead_turn(request: ModelRequest) -> ScriptedTurn:
+    """Ask the expert first; answer once its result is in the conversation."""
+    answered = any(isinstance(b, ToolResultBlock) for i in request.items for b in i.blocks)
+    if answered:
+        return ScriptedTurn(text="done")
+    return ScriptedTurn(tool_calls=[("c1", "ask_expert", {"question": "why?"})])
+
+
+class _Expert(Agent):
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        return [TextBlock(text="because")]
+
+
+async def test_a_point_inside_a_child_forks_from_the_parents_matching_point(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    lead = ScriptedModel([_lead_turn] * 8)
+    app = App()
+    app.register("lead", lambda _id: LLMAgent(lead, tools=[ask_expert]))
+    app.register("expert", lambda _id: _Expert())
+    await start_worker(app)
+    run_id = await runtime.start_run(AgentId("lead", "p1"), [TextBlock(text="?")])
+    assert [b.text for b in await runtime.run_result(run_id, timeout=60) if isinstance(b, TextBlock)] == [
+        "done"
+    ]
+    [child] = (await runtime.get_run(run_id)).children
+    assert (await runtime.get_run(child)).agent_id == "expert/e1"
+
+    # The expert's conversation exists because the lead asked: the fork starts from the lead's message, at
+    # its last turn before the turn whose tool step spawned the expert (here: the message itself).
+    fork_id = await runtime.fork_run(run_id, at=ForkPoint(agent="expert/e1"))
+    reply = await runtime.run_result(fork_id, timeout=60)
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["done"]
+    record = await runtime.get_run(fork_id)
+    assert record.forked_from == {"run_id": run_id, "agent_id": "lead/p1", "message": 0, "turn": 0}
+    assert len(record.children) == 1  # the expert was spawned again, in the new tree
+    assert len(lead.requests) == 4  # the source's two turns, the fork's two: nothing was skipped or doubled

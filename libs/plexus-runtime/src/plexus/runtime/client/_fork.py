@@ -13,7 +13,7 @@ the agent's state before that message (`client/_history.py`) and handles the mes
 when it is the root's first message, else ``edit.message`` (message contents are not recorded).
 
 A point inside a child run is forked from the child's parent: the parent's message during which the child
-was spawned (the last one it received before the child's run was created), and the hook may narrow it to
+was spawned (the first one committed after the child's run was created), and the hook may narrow it to
 the parent's last turn before the spawn (``ForkSource.spawned_at``). The child is then spawned again.
 """
 
@@ -213,8 +213,10 @@ async def fork_run(
     all_messages = await handled_messages(rt._connection, agent_id)
     messages = [m for m in all_messages if m.run_id == run.run_id]
     if spawned_at is not None:
-        before = [i for i, m in enumerate(messages) if m.received_at <= spawned_at]
-        point = point.model_copy(update={"message": before[-1] if before else len(messages)})
+        # A message's entries are logged when it is committed, after the children it waited for: the
+        # spawning message is the first one committed after the child's run was created (else in flight).
+        after = [i for i, m in enumerate(messages) if m.committed_at >= spawned_at]
+        point = point.model_copy(update={"message": after[0] if after else len(messages)})
     if point.message > len(messages) or (point.message == len(messages) and run.status in TERMINAL):
         raise ForkPointNotFoundError(
             run_id, agent_text, f"the agent handled {len(messages)} message(s) in run {run.run_id}"

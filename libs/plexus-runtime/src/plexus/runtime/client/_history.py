@@ -42,7 +42,8 @@ class HandledMessage:
     message_id: str
     run_id: str
     seq: int
-    received_at: float
+    #: When its entries were logged: the commit, after the handler returned.
+    committed_at: float
     committed: bool
     state_before: dict[str, Any] | None
     state_after: dict[str, Any] | None
@@ -83,7 +84,7 @@ async def handled_messages(connection: Connection, agent_id: AgentId) -> list[Ha
                     message_id=str(received.message_id),
                     run_id=str(received.run_id),
                     seq=seq,
-                    received_at=received.timestamp,
+                    committed_at=received.timestamp,
                     committed=marker is not None or (checkpoint is not None and checkpoint.log_seq >= seq),
                     state_before=before,
                     state_after=copy.deepcopy(state),
