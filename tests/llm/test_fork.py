@@ -238,3 +238,39 @@ async def test_a_point_inside_a_child_forks_from_the_parents_matching_point(
     assert record.forked_from == {"run_id": run_id, "agent_id": "lead/p1", "message": 0, "turn": 0}
     assert len(record.children) == 1  # the expert was spawned again, in the new tree
     assert len(lead.requests) == 4  # the source's two turns, the fork's two: nothing was skipped or doubled
+
+
+class _Counter(Agent):
+    """Counts its messages in its state and answers the count with the message's text."""
+
+    async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+        self.state["n"] = int(self.state.get("n", 0)) + 1
+        said = " ".join(b.text for b in blocks if isinstance(b, TextBlock))
+        return [TextBlock(text=f"{self.state['n']}: {said}")]
+
+
+async def test_any_agent_forks_at_a_handled_message_from_its_state_before_it(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    app = App()
+    app.register("counter", lambda _id: _Counter())
+    await start_worker(app)
+    runs = []
+    for word in ("one", "two", "three"):
+        run_id = await runtime.start_run(AgentId("counter", "c"), [TextBlock(text=word)])
+        await runtime.run_result(run_id, timeout=60)
+        runs.append(run_id)
+
+    # The state before run 3's message was {"n": 2}: the fork handles run 3's input again from there.
+    fork_id = await runtime.fork_run(runs[2], at=ForkPoint())
+    assert [b.text for b in await runtime.run_result(fork_id, timeout=60) if isinstance(b, TextBlock)] == [
+        "3: three"
+    ]
+    edited = await runtime.fork_run(runs[1], at=ForkPoint(), edit="deux")
+    assert [b.text for b in await runtime.run_result(edited, timeout=60) if isinstance(b, TextBlock)] == [
+        "2: deux"
+    ]
+    with pytest.raises(ForkPointNotFoundError, match="no fork hook knows turns"):
+        await runtime.fork_run(runs[0], at=1)
+    with pytest.raises(InvalidForkError, match="system/settings"):
+        await runtime.fork_run(runs[0], at=ForkPoint(), edit=ForkEdit(system="new"))
