@@ -25,7 +25,7 @@ from .apps_schedules import app as schedules_app
 from .conftest import StartWorker, WorkerProcess
 
 APP = "tests.runtime.apps_schedules:app"
-WAIT_S = 30.0
+WAIT_S = 60.0  # generous: a failover on a loaded 2-core machine
 
 
 async def _ask(rt: Runtime, agent: AgentId, text: str) -> Any:
