@@ -62,18 +62,29 @@ from ._events import (
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
+    ResponseEvent,
     TextDeltaEvent,
     ToolCallDeltaEvent,
     UsageEvent,
 )
 from ._fold import PrefixFold
 from ._gemini import GeminiModel, gemini_request
+from ._genai import CAPTURE_CONTENT_ENV, GenAITelemetry
 from ._handoff import HANDOFF_KEY, Handoff, HandoffInputError, without_tool_calls
 from ._journal import JOURNAL_SEQ_KEY, LlmStep
 from ._mcp import MCPServer, MCPTool, close_mcp_connections
 from ._mcperrors import MCPProtocolError, MCPServerError, MCPTimeoutError, MCPToolError
 from ._memo import ItemMemo
-from ._middleware import Middleware, ModelCall, ProviderRetry, RateLimit, ToolCall, ToolOutputLimit, Turn
+from ._middleware import (
+    MessageCall,
+    Middleware,
+    ModelCall,
+    ProviderRetry,
+    RateLimit,
+    ToolCall,
+    ToolOutputLimit,
+    Turn,
+)
 from ._openai import OpenAIChatModel, openai_messages, openai_request
 from ._output import OUTPUT_TOOL, OutputSpec, strict_schema
 from ._replay import JournalReplay, ReplayModel  # importing it registers the journal's replay hook
@@ -85,6 +96,7 @@ from ._toolsource import ToolSource
 
 __all__ = [
     "APPROVAL_KEY",
+    "CAPTURE_CONTENT_ENV",
     "FINISH_KEY",
     "HANDOFF_KEY",
     "INVALID_ARGUMENTS_KEY",
@@ -106,6 +118,7 @@ __all__ = [
     "DropReasoning",
     "FinishEvent",
     "GeminiModel",
+    "GenAITelemetry",
     "Handoff",
     "HandoffInputError",
     "ItemMemo",
@@ -119,6 +132,7 @@ __all__ = [
     "MCPTimeoutError",
     "MCPTool",
     "MCPToolError",
+    "MessageCall",
     "Middleware",
     "ModelCall",
     "ModelClient",
@@ -141,6 +155,7 @@ __all__ = [
     "RateLimitError",
     "ReasoningDeltaEvent",
     "ReplayModel",
+    "ResponseEvent",
     "ScriptExhaustedError",
     "ScriptedModel",
     "ScriptedTurn",

@@ -31,6 +31,7 @@ from ._events import (
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
+    ResponseEvent,
     TextDeltaEvent,
     ToolCallDeltaEvent,
     UsageEvent,
@@ -44,11 +45,14 @@ INVALID_ARGUMENTS_KEY = "plexus.llm.invalid_arguments"
 
 @dataclass(frozen=True)
 class ModelTurn:
-    """One completed model call: the assistant item, its usage and its normalised finish reason."""
+    """One completed model call: the assistant item, its usage and its normalised finish reason; the
+    provider's response id and answering model when it said them (not journaled: a replayed turn has none)."""
 
     item: Item
     usage: Usage
     finish_reason: FinishReason
+    response_id: str | None = None
+    response_model: str | None = None
 
     @property
     def tool_calls(self) -> list[ToolUseBlock]:
@@ -85,6 +89,7 @@ class TurnAccumulator:
         self._blocks: dict[int, BaseBlock] = {}
         self._usage = Usage()
         self._finish: FinishReason | None = None
+        self._response: ResponseEvent | None = None
 
     def add(self, event: ModelEvent) -> None:
         if isinstance(event, TextDeltaEvent):
@@ -123,6 +128,8 @@ class TurnAccumulator:
             self._usage = event.usage
         elif isinstance(event, FinishEvent):
             self._finish = event.reason
+        elif isinstance(event, ResponseEvent):
+            self._response = event
 
     def finish(self, *, metadata: dict[str, JsonValue] | None = None) -> ModelTurn:
         """The turn so far. A stream without a finish event ends COMPLETED, or TOOL_CALL when it has calls."""
@@ -147,7 +154,10 @@ class TurnAccumulator:
             has_calls = any(isinstance(b, ToolUseBlock) for b in blocks)
             finish = FinishReason.tool_call() if has_calls else FinishReason.completed()
         item = Item(kind=ItemKind.ASSISTANT, blocks=blocks, metadata=dict(metadata or {}))
-        return ModelTurn(item=item, usage=self._usage, finish_reason=finish)
+        said = self._response
+        if said is None:
+            return ModelTurn(item=item, usage=self._usage, finish_reason=finish)
+        return ModelTurn(item, self._usage, finish, said.response_id, said.model)
 
 
 def _tool_block(call: _Call) -> ToolUseBlock:

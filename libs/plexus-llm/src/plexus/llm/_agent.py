@@ -49,10 +49,11 @@ from ._compaction import CompactionPipeline
 from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._fork import FORK_KEY, apply_fork, forked
+from ._genai import GenAITelemetry
 from ._handoff import Handoffs, HandoffTarget, handed_back, handed_over
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
 from ._memo import encode_json, transcript_bytes, transcript_json
-from ._middleware import Middleware, ModelCall, ProviderRetry, Turn, chain
+from ._middleware import MessageCall, Middleware, ModelCall, ProviderRetry, Turn, chain
 from ._output import StructuredOutput
 from ._settings import TOOL_CHOICES, ModelSettings
 from ._tools import Tool, ToolRegistry
@@ -72,6 +73,8 @@ FINISH_KEY = "plexus.llm.finish"
 #: `LLMAgent`'s default ``provider_retry``: three calls, 0.5 s then 1 s apart (or the provider's
 #: ``retry-after``, at most 30 s).
 _DEFAULT_PROVIDER_RETRY = ProviderRetry()
+#: `LLMAgent`'s default ``telemetry``: GenAI spans while traced, content only when the environment opts in.
+_DEFAULT_TELEMETRY = GenAITelemetry()
 
 
 class ModelFinishedWithError(ProviderError):
@@ -99,6 +102,8 @@ class LLMAgent(Agent):
     `DataBlock` of it; an answer that does not validate is fed back ``output_retries`` times, then the message
     fails with `OutputValidationError`.
     ``handoffs``: agents the model may hand the conversation to (``transfer_to_<name>`` tools; `Handoff`).
+    ``telemetry``: OpenTelemetry GenAI spans and metrics (`GenAITelemetry`, innermost at the message, model
+    and tool stages); left out when ``middleware`` has one of its own, None for none.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class LLMAgent(Agent):
         output_type: type[BaseModel] | None = None,
         output_retries: int = 1,
         handoffs: Sequence[HandoffTarget] = (),
+        telemetry: GenAITelemetry | None = _DEFAULT_TELEMETRY,
     ) -> None:
         super().__init__()
         if max_turns < 1:
@@ -154,6 +160,11 @@ class LLMAgent(Agent):
         self._model_middleware = (
             self.middleware if own or provider_retry is None else [provider_retry, *self.middleware]
         )
+        if telemetry is not None and not any(isinstance(m, GenAITelemetry) for m in self.middleware):
+            self._model_middleware = [*self._model_middleware, telemetry]
+            self._tool_middleware = self._message_middleware = [*self.middleware, telemetry]
+        else:
+            self._tool_middleware = self._message_middleware = self.middleware
         #: Decisions on approval-gated calls while a resumed tool step runs (call id -> decision).
         self._decisions: dict[str, dict[str, Any]] = {}
         #: Where this activation saw the journal end after its last completed message (None: unknown).
@@ -171,7 +182,9 @@ class LLMAgent(Agent):
     # -- the loop -------------------------------------------------------------------------------------
     async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock] | None:
         try:
-            return await self._handle(blocks, ctx)
+            handle = chain("message", self._message_middleware, self._handle_call)
+            reply: list[BaseBlock] | None = await handle(MessageCall(ctx, blocks, self))
+            return reply
         except BaseException:
             # A failed handling may have journaled steps: the next one must read the journal back.
             self._journal_end = None
@@ -180,6 +193,9 @@ class LLMAgent(Agent):
             raise
         finally:
             self._journal = None
+
+    async def _handle_call(self, call: MessageCall) -> list[BaseBlock]:
+        return await self._handle(call.blocks, call.ctx)
 
     async def _handle(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
         self._message_usage = Usage()
@@ -463,7 +479,7 @@ class LLMAgent(Agent):
         call = chain("model", self._model_middleware, call_model)
         if journal is not None:
             await journal.settle()  # a model call follows only stored steps: no crash pays for one twice
-        turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model))
+        turn: ModelTurn = await call(ModelCall(ctx, request, self.model.model, self.model))
         run_id = ctx.run_id or ctx.message_id
         ctx.record(
             RunLlmCall(
@@ -509,7 +525,7 @@ class LLMAgent(Agent):
             return done.item
         if journal is not None:
             await journal.settle()  # tools act only on a stored turn (never on one a retry asks again)
-        runner = ToolStep(self.tools, self.middleware, self.check_max_age, self._decisions)
+        runner = ToolStep(self.tools, self._tool_middleware, self.check_max_age, self._decisions)
         item = await runner.run(ctx, calls)
         if journal is not None:
             await journal.append(step, item)

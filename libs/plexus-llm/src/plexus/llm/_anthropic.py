@@ -45,6 +45,7 @@ from ._events import (
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
+    ResponseEvent,
     TextDeltaEvent,
     ToolCallDeltaEvent,
     UsageEvent,
@@ -387,7 +388,7 @@ class _EventParser:
                 cached_tokens=read,
                 cache_write_tokens=write,
             )
-            return [UsageEvent(self._input)]
+            return [UsageEvent(self._input), ResponseEvent(raw.message.id or None, raw.message.model or None)]
         if kind == "content_block_start":
             block = raw.content_block
             if block.type == "tool_use":

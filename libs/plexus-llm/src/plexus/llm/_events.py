@@ -15,6 +15,7 @@ __all__ = [
     "FinishEvent",
     "ModelEvent",
     "ReasoningDeltaEvent",
+    "ResponseEvent",
     "TextDeltaEvent",
     "ToolCallDeltaEvent",
     "UsageEvent",
@@ -80,4 +81,21 @@ class FinishEvent:
     reason: FinishReason
 
 
-ModelEvent = TextDeltaEvent | ReasoningDeltaEvent | ToolCallDeltaEvent | BlockEvent | UsageEvent | FinishEvent
+@dataclass(frozen=True, slots=True)
+class ResponseEvent:
+    """Which response this is: the provider's id of it and the model that answered (which may name a version
+    of the model asked for). GenAI telemetry reads them (`GenAITelemetry`); either may be None."""
+
+    response_id: str | None = None
+    model: str | None = None
+
+
+ModelEvent = (
+    TextDeltaEvent
+    | ReasoningDeltaEvent
+    | ToolCallDeltaEvent
+    | BlockEvent
+    | UsageEvent
+    | FinishEvent
+    | ResponseEvent
+)

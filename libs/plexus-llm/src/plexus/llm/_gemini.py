@@ -34,6 +34,7 @@ from ._events import (
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
+    ResponseEvent,
     TextDeltaEvent,
     ToolCallDeltaEvent,
     UsageEvent,
@@ -249,6 +250,7 @@ class _StreamParser:
                 self._part(part, events)
             if candidate.finish_reason is not None:
                 events.append(FinishEvent(self._finish(candidate.finish_reason)))
+                events.append(ResponseEvent(chunk.response_id or None, chunk.model_version or None))
         feedback = chunk.prompt_feedback
         if not candidates and feedback is not None and feedback.block_reason is not None:
             # The prompt itself was blocked: no candidate at all.

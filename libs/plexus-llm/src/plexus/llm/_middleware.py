@@ -1,5 +1,6 @@
-"""Middleware at three stages of the loop, each ``process(context, call_next)``:
+"""Middleware at four stages of the loop, each ``process(context, call_next)``:
 
+- message: around one handled message (the whole loop, replayed steps included);
 - turn: around one loop iteration (model call and its tools), seeing the transcript so far;
 - model: around one model call (``ModelRequest`` → ``ModelTurn``), inside the journal: a replayed turn does
   not pass through it again;
@@ -18,15 +19,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from plexus.core import Item, TextBlock, ToolResultBlock, ToolUseBlock
-from plexus.runtime import Context
+from plexus.core import BaseBlock, Item, TextBlock, ToolResultBlock, ToolUseBlock
+from plexus.runtime import Agent, Context
 
 from ._accumulate import ModelTurn
-from ._client import ModelRequest
+from ._client import ModelClient, ModelRequest
 from ._errors import ProviderUnavailableError, RateLimitError
 from ._settings import ModelSettings
 
 __all__ = [
+    "MessageCall",
     "Middleware",
     "ModelCall",
     "ProviderRetry",
@@ -37,6 +39,15 @@ __all__ = [
 ]
 
 log = logging.getLogger("plexus.llm")
+
+
+@dataclass(frozen=True)
+class MessageCall:
+    """One handled message: what arrived and the agent handling it."""
+
+    ctx: Context
+    blocks: list[BaseBlock]
+    agent: Agent
 
 
 @dataclass(frozen=True)
@@ -51,6 +62,8 @@ class ModelCall:
     ctx: Context
     request: ModelRequest
     model: str
+    #: The model client the call goes to (None when a caller built the call without one).
+    client: ModelClient | None = None
 
     def with_settings(self, settings: ModelSettings) -> ModelCall:
         """This call with ``settings``' set values winning over its request's (a per-call override)."""
@@ -65,6 +78,11 @@ class ToolCall:
 
 class Middleware:
     """Base class: override the stages you need; each must call ``call_next`` (or not, to short-circuit)."""
+
+    async def process_message(
+        self, context: MessageCall, call_next: Callable[[MessageCall], Awaitable[list[BaseBlock] | None]]
+    ) -> list[BaseBlock] | None:
+        return await call_next(context)
 
     async def process_turn(self, context: Turn, call_next: Callable[[Turn], Awaitable[None]]) -> None:
         await call_next(context)
@@ -81,10 +99,15 @@ class Middleware:
 
 
 def chain(stage: str, middleware: Sequence[Middleware], final: Callable[[Any], Awaitable[Any]]) -> Any:
-    """``final`` wrapped by every middleware's ``process_<stage>``, the first in the list outermost."""
+    """``final`` wrapped by every middleware's ``process_<stage>``, the first in the list outermost (one that
+    does not override the stage is left out: the base class's only passes the call on)."""
     call = final
+    name = f"process_{stage}"
+    passing = getattr(Middleware, name)
     for mw in reversed(middleware):
-        method = getattr(mw, f"process_{stage}")
+        if getattr(type(mw), name, None) is passing:
+            continue
+        method = getattr(mw, name)
 
         def bound(context: Any, _method: Any = method, _next: Any = call) -> Awaitable[Any]:
             return _method(context, _next)  # type: ignore[no-any-return]

@@ -43,6 +43,7 @@ from ._events import (
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
+    ResponseEvent,
     TextDeltaEvent,
     ToolCallDeltaEvent,
     UsageEvent,
@@ -353,6 +354,7 @@ def _chunk_events(chunk: Any) -> list[ModelEvent]:
                 )
         if choice.finish_reason:
             events.append(FinishEvent(FinishReason.from_provider("openai", choice.finish_reason)))
+            events.append(ResponseEvent(chunk.id or None, chunk.model or None))
     if chunk.usage is not None:
         events.append(UsageEvent(_usage(chunk.usage)))
     return events

@@ -50,6 +50,7 @@ from ._events import (
     FinishEvent,
     ModelEvent,
     ReasoningDeltaEvent,
+    ResponseEvent,
     TextDeltaEvent,
     ToolCallDeltaEvent,
     UsageEvent,
@@ -409,7 +410,7 @@ class _Reader:
         return events
 
     def _end(self, response: Any) -> list[ModelEvent]:
-        events: list[ModelEvent] = []
+        events: list[ModelEvent] = [ResponseEvent(response.id or None, response.model or None)]
         if response.usage is not None:
             events.append(UsageEvent(_usage(response.usage)))
         if response.status == "incomplete":
