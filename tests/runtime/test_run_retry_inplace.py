@@ -15,9 +15,11 @@ from typing import Any
 import pytest
 
 from plexus.core import (
+    DEFAULT_NON_RETRYABLE,
     AgentCrashError,
     AgentId,
     BaseBlock,
+    ReplyTimeoutError,
     RetryPolicy,
     RunMessageReceived,
     TextBlock,
@@ -126,3 +128,53 @@ async def test_an_in_place_retry_then_a_crash_count_on_one_attempt_counter(
         with pytest.raises(AgentCrashError):
             await runtime.run_result(run_id, timeout=60)
         assert _count(log) == 2  # max_retries + 1 runs of the handler in all
+
+
+def _asker_app(asks: list[str]) -> App:
+    """`asker` sends to `slowpoke`, which answers long after the asker's reply timeout."""
+
+    class Asker(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            asks.append(ctx.message_id)
+            return await ctx.send([TextBlock(text="take your time")], AgentId("slowpoke", "s"), timeout=0.3)
+
+    class Slowpoke(Agent):
+        async def on_message(self, blocks: list[BaseBlock], ctx: Context) -> list[BaseBlock]:
+            await asyncio.sleep(1.5)
+            return [TextBlock(text="late")]
+
+    app = App()
+    app.register("asker", lambda _id: Asker())
+    app.register("slowpoke", lambda _id: Slowpoke())
+    return app
+
+
+async def test_a_reply_timeout_is_not_retried_in_place_by_default(
+    runtime: Runtime, start_worker: StartWorker, orchestrator: Any
+) -> None:
+    """The callee of a timed-out send may still be working on it: retrying the handler would send it again
+    under a new message id (a duplicate request). Before: the default RetryPolicy retried it 3 times."""
+    asks: list[str] = []
+    await start_worker(_asker_app(asks))
+    run_id = await runtime.start_run(AgentId("asker", "a1"), [TextBlock(text="go")])  # RetryPolicy()
+    with pytest.raises(ReplyTimeoutError):
+        await runtime.run_result(run_id, timeout=30)
+    assert len(asks) == 1
+    record = await runtime.get_run(run_id)
+    assert (record.status, record.attempts) == (RunStatus.FAILED, 1)
+
+
+async def test_a_policy_may_opt_in_to_retrying_reply_timeouts(
+    runtime: Runtime, start_worker: StartWorker, orchestrator: Any
+) -> None:
+    asks: list[str] = []
+    await start_worker(_asker_app(asks))
+    policy = FAST_POLICY.model_copy(
+        update={"max_retries": 1, "non_retryable": DEFAULT_NON_RETRYABLE - {"ReplyTimeoutError"}}
+    )
+    run_id = await runtime.start_run(AgentId("asker", "a2"), [TextBlock(text="go")], retry=policy)
+    with pytest.raises(ReplyTimeoutError):
+        await runtime.run_result(run_id, timeout=30)
+    assert len(asks) == 2
+    record = await runtime.get_run(run_id)
+    assert (record.status, record.attempts) == (RunStatus.FAILED, 2)

@@ -150,9 +150,11 @@ class HistoryRetention(BaseModel):
         return True
 
 
-# Kernel failures that fail again the same way on a retry.
+# Kernel failures that fail again the same way on a retry, and a reply timeout: its callee may still be
+# working on the request, and a retry would send it again under a new message id (a duplicate). A policy
+# whose `non_retryable` leaves "ReplyTimeoutError" out retries it all the same.
 DEFAULT_NON_RETRYABLE: frozenset[str] = frozenset(
-    {"BudgetExhaustedError", "CancellationError", "MiddlewareTermination", "SpawnDenied"}
+    {"BudgetExhaustedError", "CancellationError", "MiddlewareTermination", "ReplyTimeoutError", "SpawnDenied"}
 )
 
 

@@ -136,10 +136,11 @@ class RetriesExhausted(Exception):
 def retryable(exc: KernelError) -> bool:
     """Whether a handler's typed error may be retried by the run's policy at all (the policy then decides).
 
-    Only recoverable errors: a provider's 429 or 5xx, a store outage, a reply that did not come in time.
-    Typed outcomes (budget, cancellation, spawn denial, a guardrail, a bad request) fail the same way
-    again. An `AgentCrashError` reaching a handler is a callee whose crash retries are spent already. A fenced
-    write (`ConcurrentAppendError`, `CheckpointConflictError`) means this activation lost its agent: the same
+    Only recoverable errors: a provider's 429 or 5xx, a store outage, a type with no live worker yet (a reply
+    timeout too, though `DEFAULT_NON_RETRYABLE` keeps the default policy from retrying it). Typed outcomes
+    (budget, cancellation, spawn denial, a guardrail, a bad request) fail the same way again. An
+    `AgentCrashError` reaching a handler is a callee whose crash retries are spent already. A fenced write
+    (`ConcurrentAppendError`, `CheckpointConflictError`) means this activation lost its agent: the same
     activation would be fenced again, so it goes to `Fencing`, never to the policy.
     """
     return exc.recoverable and not isinstance(exc, (AgentCrashError, *FENCED_WRITES))
