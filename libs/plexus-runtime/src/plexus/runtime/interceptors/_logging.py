@@ -3,8 +3,9 @@
 A handler that succeeds costs a try block and nothing else: the line (and every field of it) is built only
 in the ``except`` branch. It sits inside the retry loop, so each failed attempt is one line. Typed outcomes
 that are decisions rather than faults are quieter: a cancellation (every agent of a cancelled tree ends with
-one; the orchestrator logs the tree's end once) at DEBUG, a spent budget, a spawn denial or a middleware's
-termination at INFO; everything else at WARNING.
+one; the orchestrator logs the tree's end once) at DEBUG, a spent budget, a spawn denial, a middleware's
+termination or a callee's `ApprovalRequired` passed on (a delegated send parked) at INFO; everything else at
+WARNING.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from plexus.core import (
     MiddlewareTermination,
     SpawnDenied,
 )
+from plexus.runtime.wire._orchestration import ApprovalRequired
 
 from ._interceptors import HandleInput, HandleNext, Interceptor
 
@@ -39,7 +41,7 @@ class LoggingInterceptor(Interceptor):
             raise
 
 
-_DECISIONS = (BudgetExhaustedError, SpawnDenied, MiddlewareTermination)
+_DECISIONS = (BudgetExhaustedError, SpawnDenied, MiddlewareTermination, ApprovalRequired)
 
 
 def _level(exc: Exception) -> int:
