@@ -11,7 +11,7 @@ import nats
 import pytest
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
-from nats.js.api import RetentionPolicy
+from nats.js.api import RetentionPolicy, StreamConfig
 
 from plexus.runtime import App, Runtime, Worker, WorkerConfig
 from plexus.runtime.ops._server import NatsServer
@@ -303,3 +303,25 @@ def test_conflict_error_round_trips_the_wire() -> None:
 
     err = TopologyConflictError("S", "subjects", "['a']", "['b']")
     assert KernelError.from_wire(err.to_wire()) == err
+
+
+async def test_an_inbox_made_before_schedules_gains_their_source_from_the_operator_only(
+    js: JetStreamContext,
+) -> None:
+    # PLEXUS_INBOX as an earlier version created it: no source of fired timers and reminders.
+    await js.add_stream(
+        StreamConfig(
+            name="PLEXUS_INBOX",
+            subjects=["px.*.in.*.*"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            duplicate_window=120.0,
+            subject_transform=inbox_transform("px", 16),
+        )
+    )
+    await ensure_topology(js)  # a worker or client: it does not change streams
+    assert not (await js.stream_info("PLEXUS_INBOX")).config.sources
+    await ensure_topology(js, replicas=1)  # the operator (`plexus topology`) reconciles
+    sources = (await js.stream_info("PLEXUS_INBOX")).config.sources or []
+    assert [s.name for s in sources] == ["PLEXUS_SCHEDULES"]
+    # And then it is stable: a later operator run finds nothing to change.
+    await ensure_topology(js, replicas=1)
