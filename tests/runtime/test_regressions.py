@@ -28,7 +28,7 @@ from plexus.runtime import Agent, App, Context, NatsServer, PayloadTooLargeError
 from plexus.runtime.client._cluster import ServiceUnavailableError
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.wire._subjects import inbox_partition, lease_key
-from plexus.runtime.worker._partitions import partition_consumers
+from plexus.runtime.worker._earlier_consumers import partition_consumers
 
 from .conftest import REPO, StartWorker
 
@@ -188,8 +188,8 @@ async def test_failed_commit_keeps_fifo_and_ends_as_typed_error_after_bounded_at
 
     # Both messages end acked: nothing left to redeliver, so the handler never runs again.
     stream = rt.topology.names.inbox_stream
-    partition_filter = rt.subjects.inbox_partitioned_filter("acc", inbox_partition("k", rt.partitions))
-    (durable,) = await partition_consumers(rt.js, stream, partition_filter)
+    partition = inbox_partition("k", rt.partitions)
+    (durable,) = await partition_consumers(rt.nc, rt.js, stream, rt.subjects, "acc", partition)
 
     async def drained() -> bool:
         info = await rt.js.consumer_info(stream, durable)

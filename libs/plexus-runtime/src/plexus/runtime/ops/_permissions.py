@@ -78,7 +78,7 @@ def _partition_consumers(prefix: str, tokens: list[str]) -> list[str]:
     return [
         *(f"$JS.API.CONSUMER.CREATE.{stream}.*.{prefix}.*.inp.{t}.>" for t in tokens),
         f"$JS.API.CONSUMER.INFO.{stream}.>",
-        f"$JS.API.CONSUMER.LIST.{stream}",  # a taking worker finds every earlier owner's consumer
+        f"$JS.API.CONSUMER.NAMES.{stream}",  # a taking worker finds earlier owners' consumers by name
         f"$JS.API.CONSUMER.DELETE.{stream}.>",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
         f"$JS.ACK.{stream}.>",

@@ -1,12 +1,13 @@
 """Partition ownership and pulling for durable agent types.
 
 A worker owns partitions of each durable agent type through KV leases (`_leases.py`). For each owned
-partition it deletes every previous consumer of the partition and creates a fresh durable pull consumer,
-named for this ownership (the lease's revision): the inbox stream is a work queue, so a fresh consumer starts
-at the oldest unacknowledged message — in-flight work of a dead or displaced owner is redelivered at once and
-in order. A displaced owner that has not noticed yet (it stalled past its lease) still pulls and acks under
-its own consumer's name, which is gone: it can never fetch a message from its successor's consumer (which,
-not started there, waited ``ack_wait`` while the key's next messages went ahead) nor ack one.
+partition it deletes every previous consumer of the partition (by name: `_earlier_consumers.py`) and creates
+a fresh durable pull consumer, named for this ownership (the lease's revision): the inbox stream is a work
+queue, so a fresh consumer starts at the oldest unacknowledged message — in-flight work of a dead or
+displaced owner is redelivered at once and in order. A displaced owner that has not noticed yet (it stalled
+past its lease) still pulls and acks under its own consumer's name, which is gone: it can never fetch a
+message from its successor's consumer (which, not started there, waited ``ack_wait`` while the key's next
+messages went ahead) nor ack one.
 """
 
 from __future__ import annotations
@@ -22,36 +23,23 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from plexus.runtime.ops._telemetry import INSTRUMENTS
 from plexus.runtime.store._leases import Lease, LeaseManager, plan_partitions
 from plexus.runtime.wire._subjects import Subjects, consumer_name, lease_key
 
-__all__ = ["PartitionOwner", "partition_consumers"]
+from ._earlier_consumers import consumer_names, partition_consumers
+
+__all__ = ["PartitionOwner"]
 
 log = logging.getLogger("plexus.worker")
 
-#: The most consumers one ``CONSUMER.LIST`` answer holds (the server's page size).
-_LIST_PAGE = 256
+#: JetStream's "filtered consumer not unique on workqueue stream": a consumer of the partition still exists.
+_NOT_UNIQUE = 10100
 
 #: ``dispatch(partition, msg, done)``: the worker calls ``done()`` once the message is acked or dropped.
 Dispatch = Callable[[int, Msg, Callable[[], None]], Awaitable[None]]
-
-
-async def partition_consumers(js: JetStreamContext, stream: str, filter_subject: str) -> list[str]:
-    """Names of the consumers on `stream` that read `filter_subject` (one partition), whatever their names."""
-    names: list[str] = []
-    offset = 0
-    while True:
-        page = await js.consumers_info(stream, offset=offset)
-        for info in page:
-            config = info.config
-            if config.filter_subject == filter_subject or filter_subject in (config.filter_subjects or ()):
-                names.append(info.name)
-        offset += len(page)
-        if len(page) < _LIST_PAGE:
-            return names
 
 
 class _Puller:
@@ -241,6 +229,8 @@ class PartitionOwner:
         #: handover releasing with the revision it held while a renewal of that lease was in flight failed
         #: the compare-and-swap and left the lease to block the next owner until it expired.
         self._lease_writes = asyncio.Lock()
+        #: The inbox stream's consumer names, listed once per rebalance round for its takes (`_take`).
+        self._names: list[str] | None = None
         #: The renewal round `confirm` started, shared by the handlers that asked meanwhile.
         self._confirming: asyncio.Future[None] | None = None
         self.draining = False
@@ -368,6 +358,7 @@ class PartitionOwner:
         await self._finish_handovers()
         if self.draining:
             return
+        self._names = None
         workers = await self.live_workers()
         if self.worker_id not in workers:
             workers = [*workers, self.worker_id]
@@ -394,11 +385,35 @@ class PartitionOwner:
     async def _take(self, p: int, lease: Lease) -> None:
         durable = self._durable(p, lease)
         filter_subject = self.subjects.inbox_partitioned_filter(self.agent_type, p)
-        # Every earlier owner's consumer (a work queue stream allows one per filter anyway): what they fetched
-        # and did not ack becomes deliverable again, first, to the consumer made below.
-        for previous in await partition_consumers(self.js, self.stream, filter_subject):
+        try:
+            await self._replace_consumer(p, durable, filter_subject, relist=False)
+        except APIError as exc:
+            if exc.err_code != _NOT_UNIQUE:
+                raise
+            # A consumer of the partition made since this round's listing (an owner in between): list again.
+            await self._replace_consumer(p, durable, filter_subject, relist=True)
+        if self.on_taken is not None:
+            # Whatever this worker cached for the partition's agents may be older than what another owner
+            # committed meanwhile: forget it, so activations reload from the newest checkpoint.
+            self.on_taken(p)
+        puller = _Puller(self.nc, self.stream, durable, p, self._on_message, self.slots, self.max_batch)
+        puller.start()
+        self.owned[p] = (lease, puller)
+        INSTRUMENTS.partitions_owned.add(1, {"agent_type": self.agent_type, "worker": self.worker_id})
+        log.debug("%s took %s partition %d", self.worker_id, self.agent_type, p)
+
+    async def _replace_consumer(self, p: int, durable: str, filter_subject: str, *, relist: bool) -> None:
+        """Delete every earlier owner's consumer of partition `p` (a work queue stream allows one per filter
+        anyway: what they fetched and did not ack becomes deliverable again, first, to the consumer made
+        here), then create this ownership's consumer `durable`."""
+        if relist or self._names is None:
+            self._names = await consumer_names(self.nc, self.stream)
+        names = self._names
+        for name in await partition_consumers(
+            self.nc, self.js, self.stream, self.subjects, self.agent_type, p, names=names
+        ):
             with contextlib.suppress(NotFoundError):
-                await self.js.delete_consumer(self.stream, previous)
+                await self.js.delete_consumer(self.stream, name)
         # Read after the deletion: whatever the previous consumer delivered is stored at or before this.
         self.taken_at_seq[p] = (await self.js.stream_info(self.stream)).state.last_seq
         await self.js.add_consumer(
@@ -416,15 +431,6 @@ class PartitionOwner:
                 max_deliver=-1,
             ),
         )
-        if self.on_taken is not None:
-            # Whatever this worker cached for the partition's agents may be older than what another owner
-            # committed meanwhile: forget it, so activations reload from the newest checkpoint.
-            self.on_taken(p)
-        puller = _Puller(self.nc, self.stream, durable, p, self._on_message, self.slots, self.max_batch)
-        puller.start()
-        self.owned[p] = (lease, puller)
-        INSTRUMENTS.partitions_owned.add(1, {"agent_type": self.agent_type, "worker": self.worker_id})
-        log.debug("%s took %s partition %d", self.worker_id, self.agent_type, p)
 
     async def _drop(self, p: int, *, release: bool) -> None:
         entry = self.owned.pop(p, None)
