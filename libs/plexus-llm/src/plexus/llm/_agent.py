@@ -256,7 +256,7 @@ class LLMAgent(Agent):
             if self.compaction is not None:
                 # Deterministic strategies give the same result when a crash-retried handler replays.
                 last_input = last.usage.input_tokens if last is not None else None
-                items = await self.compaction.run(items, last_input)
+                items = await self.compaction.run(items, last_input, model=self.model, request=self._request)
             self._check_size(items)
             outcome: list[ModelTurn | Item] = []
             iteration = functools.partial(self._iteration, journal=journal, step=step, outcome=outcome)
@@ -454,6 +454,17 @@ class LLMAgent(Agent):
                 return
             outcome.append(await self._tool_step(turn.ctx, model_turn.tool_calls, journal, step + 1))
 
+    def _request(self, items: Sequence[Item]) -> ModelRequest:
+        """The model request of ``items``: the system prompt, the tools on offer and the settings added."""
+        return ModelRequest(
+            items=[*self._system_items(), *items],
+            tools=self.tools.specs if self.handoffs is None else [*self.tools.specs, *self.handoffs.specs],
+            max_tokens=self.max_tokens,
+            temperature=self.temperature,
+            settings=self.settings,
+            output=self._output_spec,
+        )
+
     async def _model_step(
         self, ctx: Context, items: list[Item], journal: Journal | None, step: int
     ) -> ModelTurn:
@@ -463,14 +474,7 @@ class LLMAgent(Agent):
             self._message_usage = self._message_usage + (done.usage or Usage())
             return ModelTurn(done.item, done.usage or Usage(), done.finish_reason)
         await ctx.emit_progress(AgentStep.THINKING, metadata={"step": step, "usage": self._usage_meta()})
-        request = ModelRequest(
-            items=[*self._system_items(), *items],
-            tools=self.tools.specs if self.handoffs is None else [*self.tools.specs, *self.handoffs.specs],
-            max_tokens=self.max_tokens,
-            temperature=self.temperature,
-            settings=self.settings,
-            output=self._output_spec,
-        )
+        request = self._request(items)
         started = time.monotonic()
 
         async def call_model(call: ModelCall) -> ModelTurn:

@@ -63,6 +63,8 @@ __all__ = ["AnthropicModel", "anthropic_messages", "anthropic_request", "anthrop
 _SYSTEM_KINDS = (ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT)
 _TOOL_CHOICES = {"auto": {"type": "auto"}, "none": {"type": "none"}, "required": {"type": "any"}}
 _SERVICE_TIERS = ("auto", "standard_only")
+#: The fields of a Messages request that ``messages.count_tokens`` takes (the rest shape the answer only).
+_COUNTED = ("model", "messages", "system", "tools", "tool_choice", "thinking")
 
 
 class AnthropicModel:
@@ -107,6 +109,22 @@ class AnthropicModel:
             raise ProviderProtocolError(f"not a anthropic stream: {exc!r}"[:500], "anthropic", 200) from exc
         if not parser.stopped:
             raise ProviderUnavailableError("stream ended before message_stop", "anthropic", 0)
+
+    async def count_tokens(self, request: ModelRequest) -> int:
+        """``request``'s input tokens by ``messages.count_tokens`` (free, rate-limited apart): the messages,
+        system, tools and thinking `stream` would send (`TokenCounter`)."""
+        import anthropic
+
+        body = _request(self._model, request, self._settings)
+        try:
+            counted = await self._client.messages.count_tokens(**{k: body[k] for k in _COUNTED if k in body})
+            return int(counted.input_tokens)
+        except anthropic.APIError as exc:
+            raise _map_error(exc) from exc
+        except httpx2.HTTPError as exc:
+            raise ProviderUnavailableError(f"count broken: {exc!r}", "anthropic", 0) from exc
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ProviderProtocolError(f"not a token count: {exc!r}"[:500], "anthropic", 200) from exc
 
 
 def anthropic_request(model: str, request: ModelRequest) -> dict[str, Any]:

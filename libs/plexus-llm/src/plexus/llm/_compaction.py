@@ -7,9 +7,10 @@ System, developer and context items are never dropped by a strategy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol
 
 from plexus.core import (
     TOKENS_BEFORE_KEY,
@@ -24,7 +25,9 @@ from plexus.core import (
 
 from ._client import ModelClient, ModelRequest, complete
 from ._convert import blocks_text
+from ._errors import ProviderError
 from ._memo import transcript_bytes
+from ._tokencount import TokenCounter, estimate_request_tokens, estimate_tokens
 
 __all__ = [
     "CompactionPipeline",
@@ -36,6 +39,7 @@ __all__ = [
     "safe_cuts",
 ]
 
+_log = logging.getLogger(__name__)
 _PINNED = frozenset({ItemKind.SYSTEM, ItemKind.DEVELOPER, ItemKind.CONTEXT})
 
 
@@ -158,30 +162,77 @@ class SummarizeOlder:
 @dataclass(frozen=True)
 class CompactionPipeline:
     """Run ``strategies`` in order when the transcript has more than ``max_items`` items, when its JSON (as
-    the agent's state holds it) is larger than ``max_bytes``, or when its estimated tokens exceed
-    ``context_window - reserve_tokens`` (estimate: the last call's input tokens when given, else 4
-    characters a token)."""
+    the agent's state holds it) is larger than ``max_bytes``, or when its tokens exceed ``context_window -
+    reserve_tokens``.
+
+    ``token_count="estimate"`` (the default) takes the last call's input tokens when given, else
+    `estimate_tokens` (4 characters a token, each item measured once): no provider call. ``"provider"`` asks
+    the model's count endpoint (`TokenCounter`) once before each model call, with the request the agent
+    would send; a model without one is estimated, and so is a request whose count failed recoverably (a 429,
+    a 5xx: logged). A count that fails otherwise (a 400, a bad key) raises its `ProviderError`."""
 
     strategies: Sequence[CompactionStrategy]
     max_items: int | None = None
     context_window: int | None = None
     reserve_tokens: int = 4096
     max_bytes: int | None = None
+    token_count: Literal["estimate", "provider"] = "estimate"
 
-    def triggered(self, items: Sequence[Item], last_input_tokens: int | None = None) -> bool:
+    def __post_init__(self) -> None:
+        if self.token_count not in ("estimate", "provider"):
+            raise ValueError(f"token_count must be 'estimate' or 'provider', got {self.token_count!r}")
+
+    def _oversized(self, items: Sequence[Item]) -> bool:
         if self.max_items is not None and len(items) > self.max_items:
             return True
-        if self.max_bytes is not None and transcript_bytes(items) > self.max_bytes:
+        return self.max_bytes is not None and transcript_bytes(items) > self.max_bytes
+
+    def triggered(self, items: Sequence[Item], last_input_tokens: int | None = None) -> bool:
+        """Whether `run` compacts ``items``, with the tokens estimated (no provider call)."""
+        if self._oversized(items):
             return True
         if self.context_window is not None:
-            tokens = last_input_tokens
-            if tokens is None:
-                tokens = sum(len(blocks_text(i.blocks)) for i in items) // 4
+            tokens = last_input_tokens if last_input_tokens is not None else estimate_tokens(items)
             return tokens > self.context_window - self.reserve_tokens
         return False
 
-    async def run(self, items: list[Item], last_input_tokens: int | None = None) -> list[Item]:
-        if not self.triggered(items, last_input_tokens):
+    async def count_tokens(
+        self,
+        items: Sequence[Item],
+        last_input_tokens: int | None = None,
+        *,
+        model: object = None,
+        request: Callable[[Sequence[Item]], ModelRequest] | None = None,
+    ) -> int:
+        """The tokens the trigger compares with ``context_window - reserve_tokens``. ``request`` makes the
+        model request of ``items`` (the agent's system prompt, tools and settings: what the provider counts;
+        by default the items alone)."""
+        if self.token_count == "provider" and isinstance(model, TokenCounter):
+            counted = request(items) if request is not None else ModelRequest(items=items)
+            try:
+                return await model.count_tokens(counted)
+            except ProviderError as exc:
+                if not exc.recoverable:
+                    raise
+                _log.warning("token count failed (%s); compaction estimates this call's tokens", exc)
+                return estimate_request_tokens(counted)
+        return last_input_tokens if last_input_tokens is not None else estimate_tokens(items)
+
+    async def run(
+        self,
+        items: list[Item],
+        last_input_tokens: int | None = None,
+        *,
+        model: object = None,
+        request: Callable[[Sequence[Item]], ModelRequest] | None = None,
+    ) -> list[Item]:
+        """``items`` compacted when a limit is passed, else ``items`` themselves. ``model`` (the client about
+        to be called) and ``request`` serve ``token_count="provider"`` (`count_tokens`)."""
+        due = self._oversized(items)
+        if not due and self.context_window is not None:
+            tokens = await self.count_tokens(items, last_input_tokens, model=model, request=request)
+            due = tokens > self.context_window - self.reserve_tokens
+        if not due:
             return items
         for strategy in self.strategies:
             items = await strategy.apply(items)

@@ -68,6 +68,8 @@ __all__ = ["RESPONSES_ITEM", "OpenAIResponsesModel", "responses_input", "respons
 RESPONSES_ITEM = "openai_responses_item"
 
 _ROLES = {ItemKind.SYSTEM: "system", ItemKind.CONTEXT: "system", ItemKind.DEVELOPER: "developer"}
+#: The fields of a Responses request that ``responses.input_tokens.count`` takes (the rest shape the answer).
+_COUNTED = ("model", "input", "tools", "tool_choice", "parallel_tool_calls", "reasoning", "text")
 _INCOMPLETE = {"max_output_tokens": FinishReason.max_tokens, "content_filter": FinishReason.blocked}
 
 
@@ -114,6 +116,24 @@ class OpenAIResponsesModel:
             # The SDK ends quietly when the body closes early: without response.completed (or incomplete)
             # the turn is broken, not answered.
             raise ProviderUnavailableError("stream ended without a completion event", "openai", 0)
+
+    async def count_tokens(self, request: ModelRequest) -> int:
+        """``request``'s input tokens by ``responses.input_tokens.count``: the input items, tools, reasoning
+        and output format `stream` would send (`TokenCounter`)."""
+        import openai
+
+        body = _request(self._model, request, self._settings, store=self._store)
+        try:
+            counted = await self._client.responses.input_tokens.count(
+                **{k: body[k] for k in _COUNTED if k in body}
+            )
+            return int(counted.input_tokens)
+        except openai.APIError as exc:
+            raise _map_error(exc) from exc
+        except httpx2.HTTPError as exc:
+            raise ProviderUnavailableError(f"count broken: {exc!r}", "openai", 0) from exc
+        except (ValueError, TypeError, AttributeError) as exc:
+            raise ProviderProtocolError(f"not a token count: {exc!r}"[:500], "openai", 200) from exc
 
 
 def responses_request(model: str, request: ModelRequest, *, store: bool = False) -> dict[str, Any]:
