@@ -129,10 +129,13 @@ async def test_runs_start_and_approve_agents_and_sessions(gw: Stack) -> None:
     assert code == 1
     assert "RunStateError" in err  # one line, no traceback
     assert "Traceback" not in err
-    code, out, err = await plexus("runs", "approve", gated, "door-1", "--deny", *nats)
+    code, out, err = await plexus("runs", "approve", gated, "door-1", "--deny", "--wait", *nats)
     assert code == 0, err
-    assert "door-1 denied" in out
-    assert (await gw.rt.wait_run(gated, timeout=20)).status == "completed"
+    assert f"door-1 denied; run {gated} is completed" in out  # --wait: the outcome, not "running"
+    assert (await gw.rt.get_run(gated)).status == "completed"
+    code, _, err = await plexus("runs", "approve", gated, "door-1", "--wait", "--timeout", "0", *nats)
+    assert code == 2
+    assert "must be > 0" in err
 
     code, _, err = await plexus("runs", "start", "not-an-agent-id", *nats)
     assert code == 2

@@ -37,6 +37,13 @@ def _non_negative(value: str) -> float:
     return number
 
 
+def _positive(value: str) -> float:
+    number = _non_negative(value)
+    if number == 0:
+        raise argparse.ArgumentTypeError("must be > 0")
+    return number
+
+
 def add_start(verbs: Any) -> argparse.ArgumentParser:
     start: argparse.ArgumentParser = verbs.add_parser(
         "start", help="start an orchestrated run tree; prints its run id"
@@ -60,6 +67,10 @@ def add_approve(verbs: Any) -> argparse.ArgumentParser:
     approve.add_argument("decision_id", help="what it waits for (e.g. a tool call id: see `runs show`)")
     approve.add_argument("--deny", action="store_true", help="refuse instead of approving")
     approve.add_argument("--reason", default="")
+    approve.add_argument(
+        "--wait", action="store_true", help="return once the run has ended or awaits decisions again"
+    )
+    approve.add_argument("--timeout", type=_positive, default=60.0, help="seconds --wait waits (default: 60)")
     return approve
 
 
@@ -79,7 +90,14 @@ async def start(rt: Runtime, args: argparse.Namespace) -> str:
 
 
 async def approve(rt: Runtime, args: argparse.Namespace) -> int:
-    record = await rt.approve(args.run_id, args.decision_id, approved=not args.deny, reason=args.reason)
+    record = await rt.approve(
+        args.run_id,
+        args.decision_id,
+        approved=not args.deny,
+        reason=args.reason,
+        wait=args.wait,
+        timeout=args.timeout,
+    )
     if args.json:
         print(json.dumps(msgspec.json.decode(msgspec.json.encode(record))))
     else:
