@@ -5,6 +5,10 @@
 responder: a function of the parsed request body that returns a `Sse` stream, a `Status` error or a
 `Drop` (the stream cut mid-way). It counts requests and records every body. The frame builders below make
 the provider-shaped streams: OpenAI chat-completion chunks and Anthropic message events.
+
+The token-count endpoints (Anthropic ``/messages/count_tokens``, OpenAI ``/responses/input_tokens``,
+Gemini ``models/<model>:countTokens``) are answered by ``counter`` apart from the responder, in each one's
+JSON shape, and recorded in ``count_requests`` (``requests`` and ``count`` stay the generation calls).
 """
 
 from __future__ import annotations
@@ -51,6 +55,8 @@ class Status:
 
 Answer = Sse | Drop | Status
 Responder = Callable[[dict[str, Any]], Answer]
+#: The answer of a token-count request: the count (sent in the endpoint's shape) or an error.
+Counter = Callable[[dict[str, Any]], int | Status]
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 429: "Too Many Requests", 500: "Server Error"}
 
 
@@ -61,8 +67,18 @@ class FakeProvider:
     may block (await nothing: it is sync) — use `hold` to make the Nth request wait on an event instead.
     """
 
-    def __init__(self, responder: Responder, *, base_path: str = "/v1", keep_alive: bool = False) -> None:
+    def __init__(
+        self,
+        responder: Responder,
+        *,
+        base_path: str = "/v1",
+        keep_alive: bool = False,
+        counter: Counter | None = None,
+    ) -> None:
         self._responder = responder
+        self._counter = counter
+        #: the bodies of the token-count requests, in arrival order
+        self.count_requests: list[dict[str, Any]] = []
         self._base_path = base_path
         self._connection = b"keep-alive" if keep_alive else b"close"
         #: connections accepted so far (with ``keep_alive``, fewer than requests)
@@ -123,6 +139,16 @@ class FakeProvider:
         headers = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
         body = await reader.readexactly(int(headers.get("content-length", "0")))
         parsed = json.loads(body) if body else {}
+        shape = _count_shape(path)
+        if shape is not None:
+            self.count_requests.append(parsed)
+            counted = (
+                self._counter(parsed) if self._counter is not None else Status(404, {"error": "no counter"})
+            )
+            await self._answer(
+                writer, counted if isinstance(counted, Status) else Status(200, shape(counted))
+            )
+            return True
         self.requests.append(parsed)
         self.paths.append(path)
         self.headers.append(headers)
@@ -158,6 +184,18 @@ class FakeProvider:
         if isinstance(answer, Sse):
             writer.write(b"0\r\n\r\n")  # a Drop ends without the terminating chunk: a broken body
         await writer.drain()
+
+
+def _count_shape(path: str) -> Callable[[int], dict[str, Any]] | None:
+    """The JSON body a token-count endpoint answers with, by the request's path (None: not a count)."""
+    path = path.split("?")[0]
+    if path.endswith("/messages/count_tokens"):
+        return lambda n: {"input_tokens": n}
+    if path.endswith("/responses/input_tokens"):
+        return lambda n: {"object": "response.input_tokens", "input_tokens": n}
+    if path.endswith(":countTokens"):
+        return lambda n: {"totalTokens": n, "promptTokensDetails": [{"modality": "TEXT", "tokenCount": n}]}
+    return None
 
 
 # -- OpenAI chat-completion chunks --------------------------------------------------------------------

@@ -43,14 +43,17 @@ class TokenCounter(Protocol):
 
 
 def _chars(item: Item) -> int:
-    n = len(blocks_text(item.blocks))
+    n = 0
+    rest = []
     for block in item.blocks:
         # blocks_text renders these as a bare "[type]": the model reads (and is billed for) their content.
         if isinstance(block, ToolUseBlock):
             n += len(block.tool_name) + len(json.dumps(block.arguments))
         elif isinstance(block, ThinkingBlock):
             n += len(block.content)
-    return n
+        else:
+            rest.append(block)
+    return n + len(blocks_text(rest))
 
 
 _ITEM_CHARS: ItemMemo[int] = ItemMemo(_chars)
