@@ -91,6 +91,7 @@ from ._replay import JournalReplay, ReplayModel  # importing it registers the jo
 from ._responses import RESPONSES_ITEM, OpenAIResponsesModel, responses_input, responses_request
 from ._scripted import ScriptedModel, ScriptedTurn, ScriptExhaustedError
 from ._settings import ModelSettings, UnsupportedSettingError
+from ._tokencount import TokenCounter, estimate_tokens
 from ._tools import Tool, ToolArgumentsError, ToolRegistry, tool, tool_output_blocks
 from ._toolsource import ToolSource
 
@@ -161,6 +162,7 @@ __all__ = [
     "ScriptedTurn",
     "SummarizeOlder",
     "TextDeltaEvent",
+    "TokenCounter",
     "Tool",
     "ToolArgumentsError",
     "ToolCall",
@@ -181,6 +183,7 @@ __all__ = [
     "close_mcp_connections",
     "complete",
     "deny",
+    "estimate_tokens",
     "gemini_request",
     "openai_messages",
     "openai_request",
