@@ -205,7 +205,9 @@ class McpHttp:
         sock.bind((self.host, self.port))
         self.port = sock.getsockname()[1]
         self._socket = sock
-        config = uvicorn.Config(self._guard, log_level="warning", lifespan="on", timeout_graceful_shutdown=2)
+        config = uvicorn.Config(
+            self._guard, interface="asgi3", log_level="warning", lifespan="on", timeout_graceful_shutdown=2
+        )
         self._server = uvicorn.Server(config)
         self._task = asyncio.ensure_future(self._server.serve(sockets=[sock]))
         while not self._server.started:

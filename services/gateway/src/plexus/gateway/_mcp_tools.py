@@ -151,8 +151,9 @@ class AgentTools:
 
     def _default_key(self, ctx: ServerRequestContext[Any]) -> str:
         """One agent per MCP session: a client's calls continue one conversation, and two clients never
-        share (nor serialize behind) one agent's state. Streamable HTTP names the session in a header;
-        stdio has one client per process; a transport with neither gets a fresh agent per call."""
+        share (nor serialize behind) one agent's state. A handshake-era streamable HTTP session has an
+        ``Mcp-Session-Id``; stdio has one client per process; the 2026-07-28 protocol has no session at
+        all, so there each call without ``key`` gets an agent of its own."""
         request = ctx.request
         headers = getattr(request, "headers", None)
         session = headers.get("mcp-session-id") if headers is not None else None
@@ -199,6 +200,8 @@ class AgentTools:
             await asyncio.wait_for(asyncio.shield(task), 15.0)
 
     async def _progress(self, run_id: str, ctx: ServerRequestContext[Any]) -> None:
+        # The first notification names the run, so a client can follow it elsewhere (`plexus runs watch`).
+        await ctx.session.report_progress(0.0, None, f"run {run_id} started")
         count = 0
         async for event in self.rt.progress(run_id):
             count += 1
