@@ -133,7 +133,7 @@ def role_permissions(
         types = [escape_token(t) for t in agent_types] if agent_types else ["*"]
         own_state = [
             *(f"{p}.*.evlog.{t}.>" for t in types),
-            # Its agents' timers and reminders (`sched.<type>.<key>.…`); the server fires them, not the worker.
+            # Its agents' timers and reminders (`sched.<type>.<key>.…`), which the server fires.
             *(f"{p}.*.sched.{t}.>" for t in types),
             *(f"$KV.plexus_checkpoints.*.{t}.>" for t in types),
             *(f"$KV.plexus_leases.*.{t}.*" for t in types),
