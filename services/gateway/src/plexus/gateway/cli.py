@@ -24,11 +24,11 @@ from plexus.runtime import (
 )
 
 from . import _cli_more as more
+from . import _cli_timetravel as timetravel_cli
 from ._cli_fork import add_fork
 from ._cli_fork import fork as fork_run
 from ._cli_tokens import register_tokens as _register_tokens
 from ._config import GatewayConfig, hash_token
-from . import _cli_timetravel as timetravel_cli
 from ._runs import RunFilter, RunsView
 from ._terminal import render_tree, watch_tree
 
