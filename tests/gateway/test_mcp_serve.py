@@ -8,6 +8,9 @@ import asyncio
 import base64
 import contextlib
 import json
+import os
+import signal
+import subprocess
 import sys
 from collections.abc import AsyncIterator
 from typing import Any
@@ -21,6 +24,7 @@ from mcp.client.streamable_http import streamable_http_client
 
 from plexus.core import BaseBlock, DataBlock, ImageBlock, TextBlock
 from plexus.gateway import GatewayConfig, hash_token
+from plexus.gateway._access import TokenRegistry
 from plexus.gateway._mcp_serve import McpHttp
 from plexus.gateway._mcp_tools import INPUT_SCHEMA_KEY, AgentTools, mcp_server
 from plexus.runtime import Agent, App, Context, NatsServer, Runtime, Worker, WorkerConfig
@@ -291,3 +295,53 @@ async def test_http_tools_progress_sessions_and_tokens(http_server: McpHttp, typ
         assert _texts(await one.call_tool("echo", {"text": "b"})) == ["echo #2: b"]
     async with http_client(http_server.url, TOKEN, mode="legacy") as other:
         assert _texts(await other.call_tool("echo", {"text": "c"})) == ["echo #1: c"]
+
+
+async def test_http_command_with_tenant_tokens_and_a_call_that_times_out(
+    typed_worker: Runtime, nats_server: NatsServer
+) -> None:
+    """`plexus mcp serve --http` as a process: a `plexus tokens` token is accepted; a call that outlives
+    `--timeout` answers an error and its run is cancelled, not left running for nobody."""
+    token = await TokenRegistry(typed_worker.js).create("assistant")
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "plexus.runtime.cli", "mcp", "serve", "--http", "0", "--types", "leaf",
+        "--timeout", "2", "--nats", nats_server.url,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+        assert line.startswith("plexus mcp serving http://127.0.0.1:"), line
+        url = line.split()[3]
+        async with httpx.AsyncClient(timeout=30) as raw:
+            ping: dict[str, Any] = {"jsonrpc": "2.0", "id": 1, "method": "ping"}
+            assert (await raw.post(url, json=ping)).status_code == 401
+        async with http_client(url, token) as client:
+            on_progress = Progress()
+            slow = json.dumps({"steps": 600, "sleep": 0.1})
+            late = await client.call_tool("leaf", {"text": slow, "key": "t1"}, progress_callback=on_progress)
+            assert late.is_error
+            assert _texts(late)[0].startswith("ReplyTimeoutError: ")
+            record = await typed_worker.wait_run(await on_progress.run_id(), timeout=30)
+            assert record.status == RunStatus.CANCELLED
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+
+
+async def test_without_an_orchestrator_a_call_is_one_message(nats_server: NatsServer) -> None:
+    """No orchestrator: the call is a plain message to the agent (no run), answered all the same."""
+    worker_rt = await Runtime.connect(nats_server.url, heartbeat_ttl_s=3.0, lease_ttl_s=3.0)
+    worker = Worker(typed, worker_rt, WorkerConfig(lease_ttl_s=3.0, heartbeat_s=0.5, ack_wait_s=5.0))
+    await worker.start()
+    rt = await Runtime.connect(nats_server.url)
+    tools = AgentTools(rt, ["adder"])
+    try:
+        async with Client(mcp_server(tools)) as client:  # in-process: the transport is not the point here
+            summed = await client.call_tool("adder", {"a": 20, "b": 22})
+            assert summed.structured_content == {"sum": 42}
+    finally:
+        await rt.close()
+        with contextlib.suppress(Exception):
+            await worker.stop(drain_timeout=2)
+        await worker_rt.close()

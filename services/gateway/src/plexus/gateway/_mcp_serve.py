@@ -121,7 +121,7 @@ async def _serve(urls: list[str], exposed: list[str], args: argparse.Namespace, 
     try:
         if args.stdio:
             # stdout is the protocol: everything said to a person goes to stderr.
-            print(f"plexus mcp serving stdio: tools {', '.join(exposed)}", file=sys.stderr, flush=True)
+            print(f"plexus mcp serving stdio (tools {', '.join(exposed)})", file=sys.stderr, flush=True)
             async with stdio_server() as (read, write):
                 await server.run(read, write, server.create_initialization_options())
             return 0
@@ -139,7 +139,7 @@ async def _serve(urls: list[str], exposed: list[str], args: argparse.Namespace, 
                 file=sys.stderr,
                 flush=True,
             )
-        print(f"plexus mcp serving {http.url}: tools {', '.join(exposed)}", flush=True)
+        print(f"plexus mcp serving {http.url} (tools {', '.join(exposed)})", flush=True)
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
