@@ -423,3 +423,49 @@ async def test_a_decision_names_its_suspension_a_repeat_is_stored_once_and_the_f
     reply = await approve(runtime, agent, new, wait=True, timeout=20)
     assert _texts(reply) == ["done again"]
     assert PAID == [5, 7, 9]
+
+
+def _two_gated_turns() -> ScriptedModel:
+    """Two turns each call `transfer` as ``call_0`` (OpenAI-compatible servers and scripts do)."""
+    return ScriptedModel(
+        [
+            ScriptedTurn(tool_calls=[("call_0", "transfer", {"amount": 5})]),
+            ScriptedTurn(tool_calls=[("call_0", "transfer", {"amount": 7})]),
+            ScriptedTurn(text="sent both"),
+        ]
+    )
+
+
+async def test_a_run_whose_later_turn_reuses_a_call_id_awaits_and_takes_a_decision_again(
+    runtime: Runtime, start_worker: Any, orchestrator: Any
+) -> None:
+    """The run path's probe: the second turn's ``call_0`` is a new wait (not taken as decided by the first
+    decision, which set the run ``running`` while its agent was parked), and its decision, given within the
+    stream's duplicate window, is a new message (not dropped as a repeat of the first). A repeated decision
+    is stored once; another decision on a decided call is refused (the first stands)."""
+    SENT.clear()
+    agent = AgentId("payer", "run-reuse")
+    await start_worker(_app(_two_gated_turns()))
+    run_id = await _started(runtime, agent)
+    first = await runtime.wait_run(run_id, timeout=20, until={RunStatus.AWAITING_APPROVAL})
+    assert (first.awaiting, first.decided) == (["call_0"], [])
+    assert first.suspension
+    second = await runtime.approve(run_id, "call_0", wait=True, timeout=20)
+    assert second.status == RunStatus.AWAITING_APPROVAL  # the second turn's call_0, not "running"
+    assert (second.awaiting, second.decided) == (["call_0"], [])
+    assert second.suspension not in (None, first.suspension)
+    assert SENT == [5]
+
+    # The same decision twice at once (a retry racing its original): one message, the other refused or
+    # answered with the record.
+    outcomes = await asyncio.gather(
+        runtime.approve(run_id, "call_0"), runtime.approve(run_id, "call_0"), return_exceptions=True
+    )
+    assert any(not isinstance(o, BaseException) for o in outcomes)
+    assert all(not isinstance(o, BaseException) or isinstance(o, RunStateError) for o in outcomes)
+    assert _texts(await runtime.run_result(run_id, timeout=20)) == ["sent both"]
+    assert SENT == [5, 7]
+    with pytest.raises(RunStateError):
+        await runtime.deny(run_id, "call_0")  # decided (and the run has ended): the approval stands
+    log = await runtime.event_log(agent).read()
+    assert len([r for r in log if isinstance(r.entry, RunMessageReceived)]) == 3  # the input, 2 decisions

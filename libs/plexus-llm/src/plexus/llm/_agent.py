@@ -217,7 +217,8 @@ class LLMAgent(Agent):
             check_decision(pending, decision)  # its call, its suspension, not decided yet
             pending["decisions"][decision["call_id"]] = decision
             if set(pending["decisions"]) != set(pending["calls"]):
-                ctx.await_approval([c for c in pending["calls"] if c not in pending["decisions"]])
+                undecided = [c for c in pending["calls"] if c not in pending["decisions"]]
+                ctx.await_approval(undecided, suspension=pending.get("suspension"))
                 return _awaiting(pending, history[-1].blocks)
             # Every pending call is decided: run the tool step of the suspended turn, then go on.
             calls_made = [b for b in history[-1].blocks if isinstance(b, ToolUseBlock)]
@@ -426,7 +427,8 @@ class LLMAgent(Agent):
             waiting,
             metadata={"awaiting_approval": calls, "steps": step, "usage": self._usage_meta()},
         )
-        ctx.await_approval(calls)  # an orchestrated run waits (status awaiting_approval), not completes
+        # An orchestrated run waits (status awaiting_approval), not completes; in this suspension (ids recur).
+        ctx.await_approval(calls, suspension=suspension)
         return _awaiting(pending, waiting)
 
     async def _iteration(

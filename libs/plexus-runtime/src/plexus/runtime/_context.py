@@ -101,6 +101,8 @@ class Context:
     _spawned: int = field(default=0, repr=False)
     #: Set by `await_approval`: the decisions this message's reply waits for.
     awaiting: list[str] | None = field(default=None, repr=False)
+    #: Set by `await_approval`: the id of the suspension it waits in, when the agent names one.
+    suspension: str | None = field(default=None, repr=False)
     #: Timer and reminder writes recorded by the handler: its commit writes them when it succeeds.
     pending_schedules: list[ScheduleOp] = field(default_factory=list, repr=False)
     _schedule_ops: int = field(default=0, repr=False)
@@ -172,13 +174,20 @@ class Context:
         """Start `child` as a sub-run of this run and await its reply (SpawnDenied when over budget)."""
         return await self._backend.spawn_from(self, child, blocks, priority, timeout)
 
-    def await_approval(self, ids: Sequence[str]) -> None:
+    def await_approval(self, ids: Sequence[str], *, suspension: str | None = None) -> None:
         """End this message waiting for decisions on `ids` (e.g. tool calls) rather than done: an orchestrated
         run it started gets status ``awaiting_approval`` (not ``completed``) when the handler returns, and
-        `Runtime.approve` delivers each decision to this agent inside the same run."""
+        `Runtime.approve` delivers each decision to this agent inside the same run.
+
+        ``suspension`` names the wait when ids recur over the agent's life (a model reusing ``call_0``): a
+        run then takes a new suspension's ids as undecided, and its decisions name it (``suspension`` in the
+        decision's data). Report the same id again while the same wait goes on."""
         if not ids or not all(isinstance(i, str) and i for i in ids):
             raise ValueError("await_approval needs at least one non-empty id")
+        if suspension is not None and (not isinstance(suspension, str) or not suspension):
+            raise ValueError("await_approval's suspension must be a non-empty string")
         self.awaiting = list(ids)
+        self.suspension = suspension
 
     def record(self, entry: KernelMessage) -> None:
         """Add an entry to this agent's EventLog; written atomically with the message's own entries."""

@@ -6,6 +6,10 @@ decision (`Runtime.approve`) is checked here against what the run waits for and 
 as a message inside the run, so the agent's next answer ends (or again suspends) the same run. Decisions
 already sent are remembered (`RunRecord.decided`): an agent that reports the wait again before it has read
 them does not reopen them, and a second decision on the same id is refused.
+
+Ids recur (a model reusing ``call_0`` every turn), so an agent may name each wait (`RunRecord.suspension`):
+a report of a new suspension starts its decisions afresh (its ids are undecided, though an earlier one
+decided the same ids), and a decision names the suspension it is for, in its message and its message id.
 """
 
 from __future__ import annotations
@@ -40,11 +44,16 @@ class Approvals(EngineCore):
     async def awaiting(self, record: RunRecord, rep: FinishedReport) -> RunRecord:
         """The run's handler returned waiting for `rep.awaiting`: record the wait (the run stays open)."""
         ids = [v.parse_text("finished", "awaiting", i) for i in rep.awaiting]
+        suspension = v.parse_text("finished", "suspension", rep.suspension) if rep.suspension else None
         output = msgspec.Raw(v.parse_payload("finished", rep.output)) if rep.output is not None else None
 
         def wait(rec: RunRecord) -> bool:
             if rec.status in TERMINAL:
                 return False
+            if suspension is not None and suspension != rec.suspension:
+                # A new wait: what the run decided before was for the earlier one, even for the same ids.
+                rec.suspension = suspension
+                rec.decided = []
             pending = [i for i in ids if i not in rec.decided]
             # Everything it reports is already decided and on its way to it: it runs again, not waits.
             rec.status = RunStatus.AWAITING_APPROVAL if pending else RunStatus.RUNNING
@@ -72,10 +81,14 @@ class Approvals(EngineCore):
             raise RunStateError(run_id, str(record.status), f"decide {decision_id!r}")
         agent = v.parse_agent("approve", "agent_id", record.agent_id)
         root, _ = await self.store.require_run(record.root_id)
-        digest = hashlib.sha256(decision_id.encode()).hexdigest()[:24]
-        blocks = approval_blocks(decision_id, req.approved, reason)
+        suspension = record.suspension
+        # Fixed per call of a suspension (not per verdict): a repeated approve (answer lost), or a racing
+        # second decision, publishes one message (JetStream dedupe); the first decision stands. A later
+        # suspension's decision on the same id is a new message.
+        key = decision_id if suspension is None else f"{suspension}\n{decision_id}"
+        digest = hashlib.sha256(key.encode()).hexdigest()[:24]
+        blocks = approval_blocks(decision_id, req.approved, reason, suspension)
         env = Envelope(
-            # Fixed per decision: a repeated approve (answer lost) publishes one message (JetStream dedupe).
             id=f"approve-{run_id}-{digest}",
             kind="send",
             target=record.agent_id,
@@ -101,7 +114,11 @@ class Approvals(EngineCore):
         await self.js.publish(subject, encode_envelope(env), headers=make_headers(env, trace_headers()))
 
         def decide(rec: RunRecord) -> bool:
-            if rec.status != RunStatus.AWAITING_APPROVAL or decision_id not in rec.awaiting:
+            if (
+                rec.status != RunStatus.AWAITING_APPROVAL
+                or decision_id not in rec.awaiting
+                or rec.suspension != suspension
+            ):
                 return False
             rec.awaiting = [i for i in rec.awaiting if i != decision_id]
             rec.decided = [*rec.decided, decision_id]

@@ -147,6 +147,8 @@ class Reply(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     handled_by: str | None = None
     #: Set when the handler ended waiting for decisions (`Context.await_approval`): the ids it waits for.
     awaiting: list[str] | None = None
+    #: With ``awaiting``: the id of that wait, when the agent names one.
+    suspension: str | None = None
 
 
 _NULL = msgspec.Raw(b"null")
@@ -162,6 +164,7 @@ class _ReplyWire(msgspec.Struct, frozen=True, kw_only=True):
     error: dict[str, Any] | None = None
     handled_by: str | None = None
     awaiting: list[str] | None = None
+    suspension: str | None = None
 
 
 # Built once: msgspec compiles the type's decoding plan at construction.
@@ -306,6 +309,7 @@ def decode_reply(data: bytes | bytearray | memoryview) -> Reply:
         error=wire.error,
         handled_by=wire.handled_by,
         awaiting=wire.awaiting,
+        suspension=wire.suspension,
     )
 
 

@@ -146,7 +146,11 @@ class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     error: dict[str, Any] | None = None  # KernelError.to_wire() (failed/cancelled runs)
     retry_at: float | None = None  # PENDING after a crash: when the worker starts the next attempt
     awaiting: list[str] = []  # AWAITING_APPROVAL: the decisions it waits for (e.g. tool call ids)
-    decided: list[str] = []  # decisions already sent to its agent (never reopened by a late report)
+    #: The decisions of the same suspension already sent to its agent (never reopened by a late report).
+    decided: list[str] = []
+    #: The id of the suspension it waits (or last waited) in, as its agent named it (None: unnamed). Ids of a
+    #: new one are undecided again, though an earlier one decided the same ids (a reused ``call_0``).
+    suspension: str | None = None
     #: A forked root: its source (``run_id``, ``agent_id``, ``message``, ``turn``; docs/timetravel.md).
     forked_from: dict[str, Any] | None = None
 
@@ -234,6 +238,7 @@ class FinishedReport(msgspec.Struct, omit_defaults=True, kw_only=True):
     status: Literal["completed", "failed", "cancelled", "guardrail_tripped", "awaiting_approval"]
     output: _OptionalRaw = None  # JSON array of content blocks
     awaiting: list[str] = []  # what an awaiting_approval run waits for (tool call ids)
+    suspension: str | None = None  # the id of that wait, when its agent names one
     error: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
@@ -275,9 +280,15 @@ class ApproveRequest(msgspec.Struct, kw_only=True):
 APPROVAL_KEY = "plexus.approval"
 
 
-def approval_blocks(decision_id: str, approved: bool, reason: str = "") -> list[BaseBlock]:
-    """The message that carries one decision to the agent that awaits it."""
-    return [DataBlock(data={APPROVAL_KEY: {"call_id": decision_id, "approved": approved, "reason": reason}})]
+def approval_blocks(
+    decision_id: str, approved: bool, reason: str = "", suspension: str | None = None
+) -> list[BaseBlock]:
+    """The message that carries one decision to the agent that awaits it (naming the suspension it is for,
+    when known: the agent refuses it for another one)."""
+    decision: dict[str, Any] = {"call_id": decision_id, "approved": approved, "reason": reason}
+    if suspension is not None:
+        decision["suspension"] = suspension
+    return [DataBlock(data={APPROVAL_KEY: decision})]
 
 
 # -- typed error replies ------------------------------------------------------------------------------

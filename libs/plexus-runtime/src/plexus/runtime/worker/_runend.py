@@ -68,6 +68,7 @@ class RunEndReporter:
             output=reply.payload,
             error=reply.error,
             awaiting=list(reply.awaiting or []) if reply.ok else [],
+            suspension=reply.suspension if reply.ok else None,
         )
         # The report joins the trace the message came with (its handler's span has ended by now).
         token = otel_context.attach(propagate.extract(dict(work.msg.headers or {})))

@@ -437,7 +437,12 @@ class Worker(Upkeep):
             result = await run_stoppable(work, handle) if work.durable else await handle
             payload = payload_from_blocks(await self.connection.artifacts.offload(result or []))
             return Reply(
-                id=env.id, ok=True, payload=payload, handled_by=self.worker_id, awaiting=ctx.awaiting
+                id=env.id,
+                ok=True,
+                payload=payload,
+                handled_by=self.worker_id,
+                awaiting=ctx.awaiting,
+                suspension=ctx.suspension,
             )
         except RetriesExhausted as exhausted:  # keep the message with its context, then tell the orchestrator
             # Not a DEAD_LETTER settlement: the copy must exist before the crash report and the run's failure
