@@ -162,6 +162,31 @@ async def test_a_run_awaiting_approval_shows_it_and_resumes_when_approved(gw: St
     ]
 
 
+async def test_a_run_whose_later_turn_reuses_a_call_id_is_approved_twice_over_http(gw: Stack) -> None:
+    """Both turns of an LLM agent call ``call_0``: the second awaits a decision again (not ``running`` while
+    its agent is parked), and its approval within the duplicate window reaches the agent (not dropped as a
+    repeat of the first)."""
+    created = await gw.client.post("/v1/runs", json={"agent_id": "doorman/d1", "input": text("open both")})
+    run_id = created.json()["run_id"]
+    first = await gw.rt.wait_run(run_id, timeout=20, until=("awaiting_approval",))
+    assert first.awaiting == ["call_0"]
+    ok = await gw.client.post(f"/v1/runs/{run_id}/approve", json={"decision_id": "call_0"})
+    assert ok.status_code == 200, ok.text
+    second = await gw.rt.wait_run(run_id, timeout=20, until=("awaiting_approval", "completed", "failed"))
+    assert second.status == "awaiting_approval"
+    shown = (await gw.client.get(f"/v1/runs/{run_id}")).json()["run"]
+    assert (shown["awaiting"], shown.get("decided", [])) == (["call_0"], [])
+    assert shown["suspension"] != first.suspension
+    again = await gw.client.post(f"/v1/runs/{run_id}/approve", json={"decision_id": "call_0"})
+    assert again.status_code == 200, again.text
+    assert (await gw.rt.wait_run(run_id, timeout=20)).status == "completed"
+    assert [b.text for b in await gw.rt.run_result(run_id) if isinstance(b, TextBlock)] == ["both doors open"]
+    late = await gw.client.post(
+        f"/v1/runs/{run_id}/approve", json={"decision_id": "call_0", "approved": False}
+    )
+    assert late.status_code == 409, late.text
+
+
 async def test_a_plain_message_that_ends_awaiting_approval_is_a_409_naming_the_calls(gw: Stack) -> None:
     """Issue 37 item 5: the suspension is a typed outcome (ApprovalRequired), not a 200 with a status."""
     sent = await gw.client.post("/v1/agents/gatekeeper/g2/messages", json={"input": text("open")})
