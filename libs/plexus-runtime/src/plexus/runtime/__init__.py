@@ -56,6 +56,7 @@ from .store._gets import StreamGets
 from .store._mirror import kv_keys
 from .store._outage import is_unavailable
 from .store._registry import AgentTypeInfo, Registry, WorkerInfo
+from .store._run_schedules import ScheduleNotFoundError, TooManySchedulesError
 from .store._schedules import InvalidScheduleError, ScheduleId, SchedulesUnsupportedError
 from .store._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
 from .store._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
@@ -69,6 +70,7 @@ from .wire._envelope import (
     encode_envelope,
     make_headers,
 )
+from .wire._scheduled_runs import RunSchedule, ScheduledRun, ScheduleInfo, ScheduleList
 from .wire._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
 from .worker._commit import MessageCommitted
 from .worker._worker import Worker, WorkerConfig
@@ -121,8 +123,13 @@ __all__ = [
     "Reply",
     "ReplyValidationError",
     "RunInfo",
+    "RunSchedule",
     "Runtime",
     "ScheduleId",
+    "ScheduleInfo",
+    "ScheduleList",
+    "ScheduleNotFoundError",
+    "ScheduledRun",
     "SchedulesUnsupportedError",
     "SecurityLayout",
     "SendInput",
@@ -135,6 +142,7 @@ __all__ = [
     "Subscription",
     "Supervisor",
     "Telemetry",
+    "TooManySchedulesError",
     "Topology",
     "TopologyConflictError",
     "TopologyNames",

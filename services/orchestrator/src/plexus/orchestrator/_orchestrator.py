@@ -20,13 +20,16 @@ from plexus.runtime import (
     StreamGets,
     TopologyNames,
     ensure_topology,
+    escape_token,
     liveness_options,
 )
-from plexus.runtime.orchestration import TERMINAL
+from plexus.runtime.orchestration import TERMINAL, RunScheduleBook
 
 from ._budget import BudgetWatcher
 from ._engine import Engine, EngineConfig
 from ._hosts import HostCheck
+from ._schedule_api import ScheduledRunsApi, ScheduleStateStore
+from ._schedule_fires import FireConsumer
 from ._service import OrchestratorService
 from ._store import RunStore
 from ._sweeper import RunIndex, Sweeper, SweeperConfig
@@ -46,10 +49,18 @@ class OrchestratorConfig:
     sweeper: SweeperConfig = field(default_factory=SweeperConfig)
     #: How long after a tree's counter moves its budget is compared (the moves meanwhile cost one check).
     budget_check_delay_s: float = 0.1
+    #: Scheduled runs per tenant (NATS account: all namespaces of its `PLEXUS_SCHEDULES`).
+    max_schedules: int = 100
+    #: How often a fire held by ``overlap="buffer_one"`` looks again whether the previous run ended.
+    schedule_recheck_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.budget_check_delay_s >= 0:
             raise ValueError(f"budget_check_delay_s must be >= 0, got {self.budget_check_delay_s}")
+        if self.max_schedules < 0:
+            raise ValueError(f"max_schedules must be >= 0, got {self.max_schedules}")
+        if not self.schedule_recheck_s > 0:
+            raise ValueError(f"schedule_recheck_s must be > 0, got {self.schedule_recheck_s}")
 
 
 class Orchestrator:
@@ -69,6 +80,7 @@ class Orchestrator:
         self.sweeper: Sweeper | None = None
         self.watcher: BudgetWatcher | None = None
         self.service: OrchestratorService | None = None
+        self.fires: FireConsumer | None = None
         #: Set when a connection opened by `connect` is closed for good (nats-py gives a connection up after
         #: some server errors even with unlimited reconnects): the process must exit, not linger.
         self.connection_closed = asyncio.Event()
@@ -148,7 +160,17 @@ class Orchestrator:
         self.engine.hosts = hosts
         self.sweeper = Sweeper(self.engine, self.index, self.config.sweeper, hosts)
         self.sweeper.start()
-        self.service = OrchestratorService(self.nc, self.engine, self.config.prefix, self.config.namespace)
+        book = RunScheduleBook(self.js, self.gets, self.config.prefix, names.schedules_stream)
+        states = ScheduleStateStore(kv)
+        ns_token = "*" if self.config.namespace is None else escape_token(self.config.namespace)
+        self.fires = FireConsumer(
+            self.js, self.engine, book, states, ns_token, self.config.schedule_recheck_s
+        )
+        await self.fires.start()
+        schedules = ScheduledRunsApi(self.engine, book, states, self.config.max_schedules)
+        self.service = OrchestratorService(
+            self.nc, self.engine, self.config.prefix, self.config.namespace, schedules
+        )
         await self.service.start()
         await self.nc.flush()
         return self
@@ -177,7 +199,7 @@ class Orchestrator:
 
     async def stop(self) -> None:
         """Stop taking requests, then stop the background duties; other replicas carry on."""
-        for part in (self.service, self.watcher, self.sweeper, self.index, self.gets):
+        for part in (self.service, self.fires, self.watcher, self.sweeper, self.index, self.gets):
             if part is not None:
                 with contextlib.suppress(Exception):
                     await part.stop()

@@ -31,9 +31,10 @@ from plexus.core import (
     KernelError,
     SpawnDenied,
 )
-from plexus.runtime import ServiceUnavailableError, escape_token, is_unavailable
+from plexus.runtime import InvalidScheduleError, ServiceUnavailableError, escape_token, is_unavailable
 from plexus.runtime.orchestration import (
     ORCH_SERVICE_NAME,
+    SCHEDULE_VERBS,
     ApproveRequest,
     CancelRequest,
     CrashReport,
@@ -41,13 +42,19 @@ from plexus.runtime.orchestration import (
     GetRunRequest,
     InvalidRunRequest,
     RunNotFoundError,
+    RunSchedule,
     RunStateError,
+    ScheduleNotFoundError,
+    ScheduleRef,
     SpawnRequest,
     StartRunRequest,
+    TooManySchedulesError,
+    TriggerRequest,
     orch_subject,
 )
 
 from ._engine import Engine
+from ._schedule_api import ScheduledRunsApi
 from ._validate import decode_request
 
 __all__ = ["VERBS", "OrchestratorService", "error_code"]
@@ -55,11 +62,23 @@ __all__ = ["VERBS", "OrchestratorService", "error_code"]
 log = logging.getLogger("plexus.orchestrator")
 
 SERVICE_VERSION = "0.1.0"
-VERBS = ("start", "spawn", "finished", "crashed", "cancel", "get", "approve")
+VERBS = (
+    "start",
+    "spawn",
+    "finished",
+    "crashed",
+    "cancel",
+    "get",
+    "approve",
+    *SCHEDULE_VERBS,
+)
 
 _CODES: tuple[tuple[type[KernelError], str], ...] = (
     (InvalidRunRequest, "400"),
+    (InvalidScheduleError, "400"),
     (RunNotFoundError, "404"),
+    (ScheduleNotFoundError, "404"),
+    (TooManySchedulesError, "429"),
     (AgentNotFoundError, "404"),
     (RunStateError, "409"),
     (CancellationError, "409"),
@@ -84,9 +103,17 @@ _tracer = trace.get_tracer("plexus.orchestrator")
 class OrchestratorService:
     """Registers the endpoints on a connection and turns each request into an `Engine` call."""
 
-    def __init__(self, nc: NATS, engine: Engine, prefix: str, namespace: str | None = None) -> None:
+    def __init__(
+        self,
+        nc: NATS,
+        engine: Engine,
+        prefix: str,
+        namespace: str | None = None,
+        schedules: ScheduledRunsApi | None = None,
+    ) -> None:
         self.nc = nc
         self.engine = engine
+        self.schedules = schedules
         self.prefix = prefix
         # None serves every namespace: the run state is keyed by run id, not by namespace.
         self.namespace_token = "*" if namespace is None else escape_token(namespace)
@@ -103,6 +130,19 @@ class OrchestratorService:
             "get": (GetRunRequest, self.engine.get),
             "approve": (ApproveRequest, self.engine.approve),
         }
+        if self.schedules is not None:
+            sched = self.schedules
+            routes.update(
+                {
+                    "sched_put": (RunSchedule, sched.put),
+                    "sched_get": (ScheduleRef, sched.get),
+                    "sched_list": (ScheduleRef, sched.list),
+                    "sched_pause": (ScheduleRef, sched.pause),
+                    "sched_resume": (ScheduleRef, sched.resume),
+                    "sched_trigger": (TriggerRequest, sched.trigger),
+                    "sched_rm": (ScheduleRef, sched.delete),
+                }
+            )
         service = await add_service(
             self.nc,
             name=ORCH_SERVICE_NAME,

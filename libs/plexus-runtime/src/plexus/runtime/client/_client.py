@@ -71,6 +71,7 @@ from plexus.runtime.wire._subjects import Subjects, checkpoint_key, escape_token
 
 from ._calls import ClientCalls
 from ._client_runs import RunsClient
+from ._client_schedules import SchedulesClient
 from ._cluster import OrchestratorClient
 from ._delivery import Delivery
 from ._fork import ForkEdit, ForkPoint, fork_run
@@ -84,7 +85,7 @@ __all__ = ["Runtime"]
 _T = TypeVar("_T", bound=BaseModel)
 
 
-class Runtime(RunsClient, PostClient):
+class Runtime(RunsClient, SchedulesClient, PostClient):
     """A connection to a Plexus cluster. Use `await Runtime.connect(url)` or `await Runtime.embedded()`."""
 
     def __init__(
