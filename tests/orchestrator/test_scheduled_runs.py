@@ -9,8 +9,14 @@ No worker hosts the test types, so a started run stays ``running`` until the tes
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime
-from collections.abc import Awaitable, Callable
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +24,7 @@ import pytest
 from plexus.core import AgentId, AgentNotFoundError, ExecutionBudget, TextBlock
 from plexus.runtime import (
     InvalidScheduleError,
+    NatsServer,
     Runtime,
     ScheduleInfo,
     ScheduleNotFoundError,
@@ -25,7 +32,7 @@ from plexus.runtime import (
 )
 from plexus.runtime.orchestration import TERMINAL
 
-from .conftest import StartReplica
+from .conftest import StartReplica, until_serving
 
 SECOND = datetime.timedelta(seconds=1)
 WAIT_S = 30.0
@@ -237,3 +244,37 @@ async def test_bad_input_is_typed_and_writes_nothing(rt: Runtime, replicas: Star
         ("one", "@daily"),
         ("two", "@monthly"),
     ]
+
+
+@pytest.fixture
+def two_replica_processes(nats_server: NatsServer, tmp_path: Path) -> Iterator[list[subprocess.Popen[bytes]]]:
+    procs: list[subprocess.Popen[bytes]] = []
+    for i in range(2):
+        log = (tmp_path / f"orchestrator{i}.log").open("wb")
+        cmd = [sys.executable, "-m", "plexus.runtime.cli", "orchestrator", "--nats", nats_server.url]
+        procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
+    try:
+        yield procs
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+
+
+async def test_fires_while_a_replica_is_killed_are_served_by_the_other(
+    rt: Runtime, two_replica_processes: list[subprocess.Popen[bytes]]
+) -> None:
+    await until_serving(rt.nc, timeout=30.0)
+    await rt.schedule_run(ECHO, [TextBlock(text="ha")], every=SECOND, overlap="allow", schedule_id="ha")
+    count = len(started(await runs_started(rt, "ha", 2)))
+    victim = two_replica_processes[0]
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=10)
+    # Every later fire is started by the survivor (one the victim had taken comes back after the ack wait).
+    info = await runs_started(rt, "ha", min(count + 4, 10))
+    for run_id in started(info):
+        assert (await rt.get_run(run_id)).status not in TERMINAL
+    assert two_replica_processes[1].poll() is None
+    await rt.delete_schedule("ha")

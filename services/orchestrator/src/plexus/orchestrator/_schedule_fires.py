@@ -79,7 +79,7 @@ class FireConsumer:
             filter_subject=subject,
             ack_policy=AckPolicy.EXPLICIT,
             deliver_policy=DeliverPolicy.ALL,
-            ack_wait=30.0,
+            ack_wait=10.0,  # a fire taken by a replica that died is served by another after this
             max_deliver=-1,
             max_ack_pending=1000,
         )
