@@ -177,7 +177,12 @@ async def test_a_run_whose_later_turn_reuses_a_call_id_is_approved_twice_over_ht
     shown = (await gw.client.get(f"/v1/runs/{run_id}")).json()["run"]
     assert (shown["awaiting"], shown.get("decided", [])) == (["call_0"], [])
     assert shown["suspension"] != first.suspension
-    again = await gw.client.post(f"/v1/runs/{run_id}/approve", json={"decision_id": "call_0"})
+    stale = {"decision_id": "call_0", "suspension": first.suspension}  # a retry of the first decision
+    refused = await gw.client.post(f"/v1/runs/{run_id}/approve", json=stale)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error_type"] == "RunStateError"
+    current = {"decision_id": "call_0", "suspension": shown["suspension"]}
+    again = await gw.client.post(f"/v1/runs/{run_id}/approve", json=current)
     assert again.status_code == 200, again.text
     assert (await gw.rt.wait_run(run_id, timeout=20)).status == "completed"
     assert [b.text for b in await gw.rt.run_result(run_id) if isinstance(b, TextBlock)] == ["both doors open"]

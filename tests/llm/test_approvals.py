@@ -455,6 +455,10 @@ async def test_a_run_whose_later_turn_reuses_a_call_id_awaits_and_takes_a_decisi
     assert (second.awaiting, second.decided) == (["call_0"], [])
     assert second.suspension not in (None, first.suspension)
     assert SENT == [5]
+    # A retry of the first decision that names its suspension never takes the second turn's call_0.
+    with pytest.raises(RunStateError):
+        await approve(runtime, run_id, {"call_id": "call_0", "suspension": first.suspension})
+    assert (await runtime.get_run(run_id)).awaiting == ["call_0"]
 
     # The same decision twice at once (a retry racing its original): one message, the other refused or
     # answered with the record.

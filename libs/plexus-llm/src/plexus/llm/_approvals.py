@@ -190,7 +190,9 @@ async def approve(
         return None
     if not isinstance(target, str) or not target:
         raise TypeError(f"target must be an AgentId or a run id, got {target!r}")
-    record = await rt.approve(target, call_id, approved=approved, reason=reason, wait=wait, timeout=timeout)
+    record = await rt.approve(
+        target, call_id, approved=approved, reason=reason, wait=wait, timeout=timeout, suspension=suspension
+    )
     if not wait:
         return None
     if record.status == RunStatus.AWAITING_APPROVAL:

@@ -224,8 +224,16 @@ async def approve_run(
     decision_id: Annotated[str, Body(min_length=1, max_length=500, description="e.g. a tool call id")],
     approved: Annotated[bool, Body(strict=True)] = True,
     reason: Annotated[str, Body(max_length=500)] = "",
+    suspension: Annotated[
+        str | None,
+        Body(
+            min_length=1,
+            max_length=500,
+            description="the wait it is for (run.suspension): 409 once that has ended",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    record = await gw.rt.approve(run_id, decision_id, approved=approved, reason=reason)
+    record = await gw.rt.approve(run_id, decision_id, approved=approved, reason=reason, suspension=suspension)
     return {"run": _as_json(record)}
 
 

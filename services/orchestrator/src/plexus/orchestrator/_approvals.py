@@ -76,9 +76,13 @@ class Approvals(EngineCore):
         run_id = v.parse_run_id("approve", "run_id", req.run_id)
         decision_id = v.parse_text("approve", "id", req.id)
         reason = v.parse_text("approve", "reason", req.reason)
+        named = v.parse_text("approve", "suspension", req.suspension) if req.suspension else None
         record, _ = await self.store.require_run(run_id)
         if record.status != RunStatus.AWAITING_APPROVAL or decision_id not in record.awaiting:
             raise RunStateError(run_id, str(record.status), f"decide {decision_id!r}")
+        if named is not None and named != record.suspension:
+            # The decision was for a wait that has ended (a retry after the next turn reused the id).
+            raise RunStateError(run_id, str(record.status), f"decide {decision_id!r} of suspension {named!r}")
         agent = v.parse_agent("approve", "agent_id", record.agent_id)
         root, _ = await self.store.require_run(record.root_id)
         suspension = record.suspension

@@ -164,6 +164,7 @@ class RunsClient:
         reason: str = "",
         wait: bool = False,
         timeout: float = 60.0,
+        suspension: str | None = None,
     ) -> RunRecord:
         """Decide one thing an ``awaiting_approval`` run waits for (a tool call id), from any process.
 
@@ -172,8 +173,12 @@ class RunsClient:
         run, on whichever worker owns the agent then, also one that starts later) and recorded it; the run
         is ``running`` again, or still ``awaiting_approval`` for its other ids. With ``wait=True`` it
         returns once the outcome is known instead: the run ended (`run_result` has its answer) or awaits
-        decisions again. RunStateError when it waits for no such thing."""
-        request = ApproveRequest(run_id=run_id, id=decision_id, approved=approved, reason=reason)
+        decisions again. RunStateError when it waits for no such thing, or (``suspension``: the
+        `RunRecord.suspension` the decision is for) not in that suspension: a retried decision never takes
+        a later turn's call of the same id."""
+        request = ApproveRequest(
+            run_id=run_id, id=decision_id, approved=approved, reason=reason, suspension=suspension
+        )
         record = await self.orchestrator.call("approve", request, RunRecord)
         if wait and record.status == RunStatus.RUNNING:
             until = {*TERMINAL, RunStatus.AWAITING_APPROVAL}
@@ -181,11 +186,24 @@ class RunsClient:
         return record
 
     async def deny(
-        self, run_id: str, decision_id: str, reason: str = "", *, wait: bool = False, timeout: float = 60.0
+        self,
+        run_id: str,
+        decision_id: str,
+        reason: str = "",
+        *,
+        wait: bool = False,
+        timeout: float = 60.0,
+        suspension: str | None = None,
     ) -> RunRecord:
         """`approve` with ``approved=False``: the agent sees the refusal (an error result for the call)."""
         return await self.approve(
-            run_id, decision_id, approved=False, reason=reason, wait=wait, timeout=timeout
+            run_id,
+            decision_id,
+            approved=False,
+            reason=reason,
+            wait=wait,
+            timeout=timeout,
+            suspension=suspension,
         )
 
     async def cancel_run(self, run_id: str, reason: str = "cancelled") -> RunRecord:

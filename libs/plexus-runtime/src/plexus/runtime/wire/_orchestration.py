@@ -274,6 +274,8 @@ class ApproveRequest(msgspec.Struct, kw_only=True):
     id: str
     approved: bool = True
     reason: str = ""
+    #: The suspension the decision is for (`RunRecord.suspension`); None: whichever the run waits in.
+    suspension: str | None = None
 
 
 #: DataBlock key of a decision message (`approval_blocks`): what an awaiting agent receives from `approve`.
