@@ -30,7 +30,13 @@ from typing import Any, ClassVar, Literal, overload
 
 from plexus.core import AgentId, BaseBlock, DataBlock, KernelError, MessageId
 from plexus.runtime import Runtime, blocks_from_payload
-from plexus.runtime.orchestration import APPROVAL_KEY, ApprovalRequired, RunStatus, approval_blocks
+from plexus.runtime.orchestration import (
+    APPROVAL_KEY,
+    ApprovalRequired,
+    RunStatus,
+    approval_blocks,
+    decision_message_id,
+)
 
 __all__ = [
     "APPROVAL_KEY",
@@ -118,14 +124,6 @@ def _decision(call: Call) -> tuple[str, str | None]:
     raise TypeError(f"call must be a call id or an entry of ApprovalRequired.calls, got {call!r}")
 
 
-def decision_blocks(call_id: str, approved: bool, reason: str, suspension: str | None) -> list[BaseBlock]:
-    """`approval_blocks`, naming the suspension the decision is for when it is known."""
-    if suspension is None:
-        return approval_blocks(call_id, approved, reason)
-    decision = {"call_id": call_id, "approved": approved, "reason": reason, "suspension": suspension}
-    return [DataBlock(data={APPROVAL_KEY: decision})]
-
-
 @overload
 async def approve(
     rt: Runtime,
@@ -177,15 +175,12 @@ async def approve(
     refuses the second)."""
     call_id, suspension = _decision(call)
     if isinstance(target, AgentId):
-        blocks = decision_blocks(call_id, approved, reason, suspension)
+        blocks = approval_blocks(call_id, approved, reason, suspension)
         if wait:
             return await rt.send_message(blocks, target, timeout=timeout)
         message_id = str(MessageId.new())
-        if suspension is not None:
-            # Fixed per decision of this suspension: a repeated call (its answer lost) stores one message (the
-            # stream's dedupe), while a later suspension reusing the call id, or the other verdict, is new.
-            key = f"{target}\n{suspension}\n{call_id}\n{approved}"
-            message_id = f"approve-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
+        if suspension is not None:  # stored once per decision of this suspension (`decision_message_id`)
+            message_id = decision_message_id(str(target), call_id, approved, suspension)
         await rt.post_message(blocks, target, message_id=message_id, timeout=min(timeout, 30.0))
         return None
     if not isinstance(target, str) or not target:

@@ -17,6 +17,7 @@ State the orchestrator owns (all in JetStream, none in one process's memory):
 from __future__ import annotations
 
 import enum
+import hashlib
 from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
@@ -55,6 +56,7 @@ __all__ = [
     "attempt_counter_subject",
     "budget_counter_subject",
     "cancel_subject",
+    "decision_message_id",
     "input_key",
     "limited_dimensions",
     "orch_subject",
@@ -291,6 +293,15 @@ def approval_blocks(
     if suspension is not None:
         decision["suspension"] = suspension
     return [DataBlock(data={APPROVAL_KEY: decision})]
+
+
+def decision_message_id(agent_id: str, call_id: str, approved: bool, suspension: str) -> str:
+    """The inbox message id of a decision for an agent (not a run) that names its suspension: fixed per
+    (agent, suspension, call, verdict), so a repeat (its answer lost) is stored once by the stream's dedupe,
+    while a later suspension's decision on a reused call id, or the other verdict (which the agent refuses:
+    the first decision stands), is a new message. Every client uses it, so theirs dedupe alike."""
+    key = f"{agent_id}\n{suspension}\n{call_id}\n{approved}"
+    return f"approve-{hashlib.sha256(key.encode()).hexdigest()[:32]}"
 
 
 # -- typed error replies ------------------------------------------------------------------------------
