@@ -30,7 +30,6 @@ from mcp.shared.exceptions import MCPError
 
 from plexus.core import (
     AgentId,
-    AgentProgress,
     AudioBlock,
     BaseBlock,
     CodeBlock,
@@ -43,6 +42,8 @@ from plexus.core import (
     content_block_to_dict,
 )
 from plexus.runtime import AgentTypeInfo, Runtime, ServiceUnavailableError
+
+from ._mcp_progress import ProgressRelay
 
 __all__ = ["INPUT_SCHEMA_KEY", "AgentTools", "mcp_server"]
 
@@ -173,9 +174,21 @@ class AgentTools:
         except BaseException:
             await self._cancel(run_id, "the MCP call ended while its run was starting")
             raise
-        follow = asyncio.ensure_future(self._progress(run_id, progress)) if progress is not None else None
+        relay = None
+        if progress is not None:
+            session = progress.session
+
+            async def report(count: float, message: str) -> None:
+                await session.report_progress(count, None, message)
+
+            relay = ProgressRelay(self.rt, run_id, report)
         try:
-            return await self.rt.run_result(run_id, timeout=self.timeout_s)
+            if relay is not None:
+                await relay.start()
+            reply = await self.rt.run_result(run_id, timeout=self.timeout_s)
+            if relay is not None:
+                await relay.finish()
+            return reply
         except KernelError as exc:
             if exc.error_type == "ReplyTimeoutError":
                 await self._cancel(run_id, f"the MCP call timed out after {self.timeout_s:g} s")
@@ -185,10 +198,8 @@ class AgentTools:
             await self._cancel(run_id, "cancelled by the MCP client")
             raise
         finally:
-            if follow is not None:
-                follow.cancel()
-                with contextlib.suppress(BaseException):
-                    await follow
+            if relay is not None:
+                await relay.close()
 
     async def _cancel(self, run_id: str, reason: str) -> None:
         """Cancel the run even from inside a cancelled scope (the SDK interrupts a cancelled call's task)."""
@@ -198,14 +209,6 @@ class AgentTools:
         task.add_done_callback(_log_failed_cancel)
         with anyio.CancelScope(shield=True), contextlib.suppress(BaseException):
             await asyncio.wait_for(asyncio.shield(task), 15.0)
-
-    async def _progress(self, run_id: str, ctx: ServerRequestContext[Any]) -> None:
-        # The first notification names the run, so a client can follow it elsewhere (`plexus runs watch`).
-        await ctx.session.report_progress(0.0, None, f"run {run_id} started")
-        count = 0
-        async for event in self.rt.progress(run_id):
-            count += 1
-            await ctx.session.report_progress(float(count), None, _progress_message(event))
 
     async def aclose(self) -> None:
         """Wait for cancellations still in flight (at shutdown)."""
@@ -301,11 +304,6 @@ def _content(block: BaseBlock) -> mt.ContentBlock:
 
 def _error_result(text: str) -> mt.CallToolResult:
     return mt.CallToolResult(content=[mt.TextContent(text=text)], is_error=True)
-
-
-def _progress_message(event: AgentProgress) -> str:
-    text = " ".join(b.text for b in event.content if isinstance(b, TextBlock))
-    return f"{event.agent_id} {event.step}" + (f": {text}" if text else "")
 
 
 def _log_failed_cancel(task: asyncio.Task[Any]) -> None:
