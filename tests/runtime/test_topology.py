@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import sys
 from asyncio.subprocess import PIPE
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import nats
 import pytest
 from nats.aio.client import Client as NATS
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import RetentionPolicy, StreamConfig
 
@@ -247,7 +248,7 @@ async def test_another_prefix_cannot_take_over_the_streams(js: JetStreamContext)
     with pytest.raises(TopologyConflictError) as info:
         await ensure_topology(js, prefix="acme")
     assert info.value.setting == "subjects"
-    assert info.value.name == "PLEXUS_INBOX"
+    assert info.value.name == "PLEXUS_SCHEDULES"  # the first stream made (the inbox sources it)
     # With their own names, two prefixes coexist on one server.
     names = TopologyNames(
         inbox_stream="ACME_INBOX",
@@ -325,3 +326,57 @@ async def test_an_inbox_made_before_schedules_gains_their_source_from_the_operat
     assert [s.name for s in sources] == ["PLEXUS_SCHEDULES"]
     # And then it is stable: a later operator run finds nothing to change.
     await ensure_topology(js, replicas=1)
+
+
+async def _stream_advisories(nc: NATS, step: Callable[[], Awaitable[object]], *last: str) -> list[str]:
+    """``<CREATED|UPDATED>.<stream>`` of the stream advisories the server publishes while `step` runs, in
+    order, once those named by `last` have come (the server publishes them after its answer)."""
+    seen: list[str] = []
+    all_came = asyncio.Event()
+
+    async def record(msg: Msg) -> None:
+        seen.append(".".join(msg.subject.split(".")[-2:]))
+        if set(last) <= set(seen):
+            all_came.set()
+
+    sub = await nc.subscribe("$JS.EVENT.ADVISORY.STREAM.*.*", cb=record)
+    try:
+        await nc.flush()
+        await step()
+        await asyncio.wait_for(all_came.wait(), 10.0)
+    finally:
+        await sub.unsubscribe()
+    return seen
+
+
+async def test_the_schedules_stream_exists_before_the_inbox_sources_it(
+    nc: NATS, js: JetStreamContext
+) -> None:
+    # The server asks the source stream's leader for the inbox's sourcing consumer: a stream that does not
+    # exist yet leaves it unanswered, and the inbox only asks again 30 s + 10 s later (more on each miss),
+    # while fired timers wait in PLEXUS_SCHEDULES. So the topology creates PLEXUS_SCHEDULES first.
+    seen = await _stream_advisories(
+        nc, lambda: ensure_topology(js), "CREATED.PLEXUS_INBOX", "CREATED.PLEXUS_SCHEDULES"
+    )
+    assert seen.index("CREATED.PLEXUS_SCHEDULES") < seen.index("CREATED.PLEXUS_INBOX"), seen
+
+
+async def test_the_operator_adds_the_source_to_an_old_inbox_after_the_schedules_stream_exists(
+    nc: NATS, js: JetStreamContext
+) -> None:
+    await js.add_stream(
+        StreamConfig(
+            name="PLEXUS_INBOX",
+            subjects=["px.*.in.*.*"],
+            retention=RetentionPolicy.WORK_QUEUE,
+            duplicate_window=120.0,
+            subject_transform=inbox_transform("px", 16),
+        )
+    )
+    seen = await _stream_advisories(
+        nc,
+        lambda: ensure_topology(js, replicas=1),
+        "UPDATED.PLEXUS_INBOX",
+        "CREATED.PLEXUS_SCHEDULES",
+    )
+    assert seen.index("CREATED.PLEXUS_SCHEDULES") < seen.index("UPDATED.PLEXUS_INBOX"), seen

@@ -178,6 +178,11 @@ async def ensure_topology(
     check_server_version(f"{server.major}.{server.minor}.{server.patch}")
     common: dict[str, Any] = {"storage": storage, "num_replicas": replicas}
     streams = [
+        # First: the inbox sources its fired copies, and the server asks a source's stream leader for the
+        # sourcing consumer. A source stream that does not exist yet (on a cluster: that has no leader yet)
+        # leaves the request unanswered: the inbox waits 30 s, then retries with a growing backoff (10 s,
+        # 20 s, ... up to 2 min), and every fire meanwhile waits in PLEXUS_SCHEDULES (docs/schedules.md).
+        schedules_stream(prefix, storage, replicas, names.schedules_stream),
         StreamConfig(
             name=names.inbox_stream,
             description="Plexus durable agent inboxes (work queue, partitioned by key)",
@@ -227,8 +232,6 @@ async def ensure_topology(
             allow_msg_counter=True,
             **common,
         ),
-        # Last: the inbox sources its fired copies (a source may name a stream that is created after it).
-        schedules_stream(prefix, storage, replicas, names.schedules_stream),
     ]
     infos: dict[str, StreamInfo] = {}
     for config in streams:
