@@ -30,6 +30,8 @@ class GatewayConfig:
     burst: float | None = None
     #: Origins allowed to call from a browser on another origin; none (the default) sends no CORS headers.
     cors_origins: tuple[str, ...] = ()
+    #: Agent types served over A2A at /a2a/{type} (docs/interop.md); none (the default) mounts nothing.
+    a2a_types: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.max_body_bytes <= 0 or self.heartbeat_s <= 0 or self.max_rpc_timeout_s <= 0:
