@@ -107,9 +107,11 @@ class ScheduledRunsApi:
             await self.engine.hosts.refuse_stateless(agent)
         schedule.namespace = agent.namespace
         subject = definition_subject(self.book.prefix, agent.namespace, schedule.id)
-        existing = await self.book.subjects()
-        if subject not in existing and len(existing) >= self.max_schedules:
-            raise TooManySchedulesError(self.max_schedules)
+        # Cheap first: the subjects are read one by one (a tombstone's is no schedule) only near the limit.
+        if len(await self.book.subjects()) >= self.max_schedules:
+            live = await self.book.live_subjects()
+            if subject not in live and len(live) >= self.max_schedules:
+                raise TooManySchedulesError(self.max_schedules)
         schedule.created_at = time.time()
         await self.book.put(schedule)
         return await self._info(schedule)

@@ -108,6 +108,8 @@ def role_permissions(
                 f"{p}.*.ctr.>",
                 f"{p}.*.progress.>",  # its decisions, on the tree's progress subjects
                 f"{p}.*.evlog.orchestrator.>",  # its decisions' log (agent type "orchestrator")
+                # Scheduled runs: their schedules and the fires `trigger` writes (`sched._run` is no type).
+                f"{p}.*.sched._run.>",
                 "$KV.plexus_runs.>",
                 replies,
                 "$SRV.>",
@@ -121,6 +123,7 @@ def role_permissions(
                         "PLEXUS_EVENTS",
                         "PLEXUS_PROGRESS",
                         kv["leases"],
+                        "PLEXUS_SCHEDULES",  # the scheduled runs' fires, one durable consumer
                     ]
                 ),
                 *_lookup(["PLEXUS_INBOX"], consume=False),

@@ -3,10 +3,11 @@
 A scheduled run is one JetStream message schedule on ``<prefix>.<ns>.sched._run.s.<id>`` whose body is its
 `RunSchedule`; the server fires a copy of it onto ``<prefix>.<ns>.sched._run.f.<id>``, which the orchestrator
 replicas consume through one durable consumer (not sourced into any inbox). ``_run`` can never be an escaped
-agent type (an escape is ``_`` and two hex digits), so these subjects cannot meet a worker's timers. Pausing
-rewrites the subject with the definition and no ``Nats-Schedule`` header; resuming writes the schedule again;
-deleting purges the subject. Each rewrite is stored before the older messages on the subject are purged
-(``keep=1``): a crash in between leaves one stale message behind the current one, never no schedule.
+agent type (an escape is ``_`` and two hex digits), so these subjects cannot meet a worker's timers.
+Every write replaces the subject's message in one step (``Nats-Rollup: sub``): pausing writes the
+definition without a ``Nats-Schedule`` header (the server drops the schedule), resuming writes the schedule
+again, deleting writes an empty tombstone that expires after a second (``Nats-TTL``). So the orchestrator
+needs no purge right, and a crash leaves either the old message or the new one.
 """
 
 from __future__ import annotations
@@ -28,9 +29,11 @@ from plexus.runtime.store._schedules import (
     HDR_FIRED_TTL,
     HDR_MSG_ID,
     HDR_NEXT,
+    HDR_ROLLUP,
     HDR_SCHEDULE,
     HDR_TARGET,
     HDR_TIME_ZONE,
+    HDR_TTL,
     STREAM_SCHEDULES,
     InvalidScheduleError,
     cron_spec,
@@ -61,6 +64,8 @@ __all__ = [
 HDR_TRIGGER = "Plexus-Trigger"
 _ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 _DECODER = msgspec.json.Decoder(RunSchedule)
+#: A deleted schedule's tombstone (its subject is gone a second later).
+_TOMBSTONE_TTL = "1s"
 
 
 class ScheduleNotFoundError(KernelError):
@@ -156,9 +161,9 @@ class RunScheduleBook:
     async def put(self, schedule: RunSchedule) -> None:
         """Write `schedule` (armed, or paused without a ``Nats-Schedule``) over whatever its subject held."""
         spec, tz = check_run_schedule(schedule)
-        headers: dict[str, str] = {}
+        headers: dict[str, str] = {HDR_ROLLUP: "sub"}
         if not schedule.paused:
-            headers = {
+            headers |= {
                 HDR_SCHEDULE: spec,
                 HDR_TARGET: target_subject(self.prefix, schedule.namespace, schedule.id),
                 HDR_FIRED_TTL: FIRED_TTL,
@@ -169,7 +174,6 @@ class RunScheduleBook:
         await self.js.publish(
             subject, msgspec.json.encode(schedule), stream=self.stream, headers=headers or None
         )
-        await self.js.purge_stream(self.stream, subject=subject, keep=1)
 
     async def get(self, namespace: str, schedule_id: str) -> RunSchedule:
         subject = definition_subject(self.prefix, namespace, schedule_id)
@@ -177,11 +181,17 @@ class RunScheduleBook:
             msg = await self.gets.get_last_msg(self.stream, subject)
         except NotFoundError:
             raise ScheduleNotFoundError(schedule_id) from None
-        return _DECODER.decode(msg.data or b"")
+        if not msg.data:  # a tombstone: deleted a moment ago
+            raise ScheduleNotFoundError(schedule_id)
+        return _DECODER.decode(msg.data)
 
     async def delete(self, namespace: str, schedule_id: str) -> None:
-        await self.js.purge_stream(
-            self.stream, subject=definition_subject(self.prefix, namespace, schedule_id)
+        """Replace the schedule with a tombstone that expires itself (the server drops the schedule)."""
+        await self.js.publish(
+            definition_subject(self.prefix, namespace, schedule_id),
+            b"",
+            stream=self.stream,
+            headers={HDR_ROLLUP: "sub", HDR_TTL: _TOMBSTONE_TTL},
         )
 
     async def subjects(self, namespace_token: str = "*") -> list[str]:
@@ -197,8 +207,22 @@ class RunScheduleBook:
                 msg = await self.gets.get_last_msg(self.stream, subject)
             except NotFoundError:  # deleted meanwhile
                 continue
-            found.append(_DECODER.decode(msg.data or b""))
+            if msg.data:  # not a tombstone
+                found.append(_DECODER.decode(msg.data))
         return found
+
+    async def live_subjects(self) -> set[str]:
+        """The definition subjects of every namespace of this account that hold a schedule (not a
+        tombstone)."""
+        live: set[str] = set()
+        for subject in await self.subjects():
+            try:
+                msg = await self.gets.get_last_msg(self.stream, subject)
+            except NotFoundError:
+                continue
+            if msg.data:
+                live.add(subject)
+        return live
 
     async def trigger(self, schedule: RunSchedule, fire_id: str) -> int:
         """Write a fire now, as the server would; returns its sequence (the same for a repeated `fire_id`)."""
