@@ -29,6 +29,7 @@ from plexus.gateway._mcp_serve import McpHttp
 from plexus.gateway._mcp_tools import INPUT_SCHEMA_KEY, AgentTools, mcp_server
 from plexus.runtime import Agent, App, Context, NatsServer, Runtime, Worker, WorkerConfig
 from plexus.runtime.orchestration import RunStatus
+from tests.imports import modules_after
 
 from .test_cli import plexus
 
@@ -345,3 +346,8 @@ async def test_without_an_orchestrator_a_call_is_one_message(nats_server: NatsSe
         with contextlib.suppress(Exception):
             await worker.stop(drain_timeout=2)
         await worker_rt.close()
+
+
+def test_only_plexus_mcp_serve_imports_the_mcp_sdk() -> None:
+    code = "import plexus.runtime.cli as cli\nassert 'mcp' in cli.build_parser().format_help()"
+    assert modules_after(code, ("mcp", "uvicorn")) == {"mcp": False, "uvicorn": False}
