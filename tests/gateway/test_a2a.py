@@ -3,7 +3,12 @@ worker (tests/gateway/conftest.py); bad input gets the protocol's typed JSON-RPC
 
 from __future__ import annotations
 
+import asyncio
 import json
+import os
+import signal
+import subprocess
+import sys
 import uuid
 from collections.abc import AsyncIterator
 from typing import Any
@@ -254,3 +259,29 @@ def test_blocks_round_trip_through_parts() -> None:
     (error,) = parts_from_blocks([ErrorBlock(error_type="E", message="m")])
     assert MessageToDict(error.metadata) == {"plexus_type": "error"}
     assert MessageToDict(error.data)["message"] == "m"
+
+
+async def test_the_gateway_command_exposes_the_types_of_its_flag_and_environment(gw: Stack) -> None:
+    env = {**os.environ, "PLEXUS_GATEWAY_A2A_TYPES": "leaf, failing"}
+    argv = [sys.executable, "-m", "plexus.runtime.cli", "gateway", "--nats", gw.nats_url, "--port", "0"]
+    proc = await asyncio.create_subprocess_exec(
+        *argv, "--token-hash", hash_token(TOKEN), "--a2a-type", "echo",
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        line = (await asyncio.wait_for(proc.stdout.readline(), timeout=30)).decode()
+        url = line.split()[3]
+        async with httpx.AsyncClient(base_url=url) as client:
+            for agent_type, status in (("echo", 200), ("leaf", 200), ("failing", 200), ("gatekeeper", 404)):
+                card = await client.get(f"/a2a/{agent_type}/.well-known/agent-card.json")
+                assert card.status_code == status, agent_type
+    finally:
+        os.kill(proc.pid, signal.SIGTERM)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+    bad = await asyncio.create_subprocess_exec(
+        *argv, "--a2a-type", "not a type", stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    _, err = await asyncio.wait_for(bad.communicate(), timeout=30)
+    assert bad.returncode == 2
+    assert b"A2A agent type" in err

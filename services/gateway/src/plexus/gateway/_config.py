@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 from dataclasses import dataclass, field
 
 __all__ = ["GatewayConfig", "hash_token"]
@@ -41,6 +42,9 @@ class GatewayConfig:
         for origin in self.cors_origins:
             if origin != "*" and not origin.startswith(("http://", "https://")):
                 raise ValueError(f"a CORS origin is scheme://host[:port], got {origin!r}")
+        for t in self.a2a_types:
+            if not re.fullmatch(r"[A-Za-z0-9_\-]{1,128}", t):
+                raise ValueError(f"an A2A agent type is a type name (letters, digits, '_', '-'), got {t!r}")
         for h in self.token_hashes:
             if not h.startswith("sha256:") or len(h) != 71:
                 raise ValueError("token hashes look like sha256:<64 hex digits> (see hash_token)")

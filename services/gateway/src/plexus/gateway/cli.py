@@ -76,6 +76,9 @@ class GatewaySettings(NatsSettings):
     gateway_token_hashes: str = Field(
         default="", description="accepted bearer tokens as sha256:<hex>, comma-separated"
     )
+    gateway_a2a_types: str = Field(
+        default="", description="agent types served over A2A at /a2a/<type>, comma-separated (default none)"
+    )
 
 
 def _urls(args: argparse.Namespace) -> list[str]:
@@ -125,6 +128,13 @@ def register_gateway(sub: Any) -> None:
         default=None,
         help="allow browser calls from this origin (repeatable); default: no CORS headers at all",
     )
+    parser.add_argument(
+        "--a2a-type",
+        action="append",
+        default=None,
+        help="serve this agent type over A2A at /a2a/TYPE (repeatable; also $PLEXUS_GATEWAY_A2A_TYPES, "
+        "comma-separated); default: none (docs/interop.md)",
+    )
     parser.set_defaults(handler=_run_gateway)
 
 
@@ -147,6 +157,12 @@ def _run_gateway(args: argparse.Namespace) -> int:
             heartbeat_s=args.heartbeat,
             rate_limit=args.rate_limit,
             cors_origins=tuple(args.cors_origin or ()),
+            a2a_types=tuple(
+                sorted(
+                    {*(args.a2a_type or ()), *(t.strip() for t in settings.gateway_a2a_types.split(","))}
+                    - {""}
+                )
+            ),
         )
     except ValueError as exc:
         print(f"plexus gateway: error: {exc}", file=sys.stderr)
