@@ -133,6 +133,13 @@ async def _serve(urls: list[str], exposed: list[str], args: argparse.Namespace, 
                 f"plexus mcp serve: error: cannot listen on {args.host}:{args.http}: {exc}", file=sys.stderr
             )
             return 1
+        if not config.dev and not config.token_hashes:
+            # Closed, not open, like `plexus gateway`: the tenant's bucket may hold no token yet.
+            print(
+                "plexus mcp serve: no --token-hash given: accepting only `plexus tokens create` tokens",
+                file=sys.stderr,
+                flush=True,
+            )
         if config.dev:
             print(
                 f"plexus mcp serve: WARNING: --dev: anyone who can reach {http.url} can start runs",
