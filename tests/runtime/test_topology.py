@@ -380,3 +380,16 @@ async def test_the_operator_adds_the_source_to_an_old_inbox_after_the_schedules_
         "CREATED.PLEXUS_SCHEDULES",
     )
     assert seen.index("CREATED.PLEXUS_SCHEDULES") < seen.index("UPDATED.PLEXUS_INBOX"), seen
+
+
+async def test_a_second_operator_run_changes_no_stream(nc: NATS, js: JetStreamContext) -> None:
+    # PLEXUS_SCHEDULES once left its duplicate window to nats-py's 0 (the server stores 120 s): every
+    # operator run updated it and every other connection warned that it differs.
+    await ensure_topology(js, replicas=1)
+
+    async def again() -> None:
+        await ensure_topology(js, replicas=1)
+        await js.add_stream(name="MARKER", subjects=["marker"])  # its advisory comes after any of the run's
+
+    seen = await _stream_advisories(nc, again, "CREATED.MARKER")
+    assert seen == ["CREATED.MARKER"], seen

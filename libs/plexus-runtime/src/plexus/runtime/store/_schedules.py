@@ -134,13 +134,18 @@ def check_server_version(version: str, needed: tuple[int, int] = MIN_SERVER_VERS
 # Topology
 
 
-def schedules_stream(prefix: str, storage: StorageType, replicas: int | None, name: str) -> StreamConfig:
+def schedules_stream(
+    prefix: str, storage: StorageType, replicas: int | None, name: str, duplicate_window: float
+) -> StreamConfig:
     """`PLEXUS_SCHEDULES`: the schedules and their fired copies (limits retention: a max age or a work
     queue's ack would delete pending schedules)."""
     return StreamConfig(
         name=name,
         description="Plexus timers and reminders (JetStream message schedules) and their fired copies",
         subjects=[f"{prefix}.*.sched.>", f"{prefix}.*.fire.*.*"],
+        # Explicit: nats-py's default 0 is not the server's 120 s, so every operator run updated the stream
+        # and every other connection warned that it differs.
+        duplicate_window=duplicate_window,
         allow_msg_schedules=True,
         allow_msg_ttl=True,
         allow_rollup_hdrs=True,

@@ -182,7 +182,7 @@ async def ensure_topology(
         # sourcing consumer. A source stream that does not exist yet (on a cluster: that has no leader yet)
         # leaves the request unanswered: the inbox waits 30 s, then retries with a growing backoff (10 s,
         # 20 s, ... up to 2 min), and every fire meanwhile waits in PLEXUS_SCHEDULES (docs/schedules.md).
-        schedules_stream(prefix, storage, replicas, names.schedules_stream),
+        schedules_stream(prefix, storage, replicas, names.schedules_stream, dedupe_window_s),
         StreamConfig(
             name=names.inbox_stream,
             description="Plexus durable agent inboxes (work queue, partitioned by key)",
