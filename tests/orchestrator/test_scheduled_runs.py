@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime
+import json
 import os
 import signal
 import subprocess
@@ -278,3 +279,51 @@ async def test_fires_while_a_replica_is_killed_are_served_by_the_other(
         assert (await rt.get_run(run_id)).status not in TERMINAL
     assert two_replica_processes[1].poll() is None
     await rt.delete_schedule("ha")
+
+
+async def _plexus(nats_url: str, *args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "plexus.runtime.cli",
+        *args,
+        "--nats",
+        nats_url,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    return proc.returncode or 0, out.decode(), err.decode()
+
+
+async def test_the_plexus_schedules_command(
+    rt: Runtime, replicas: StartReplica, nats_server: NatsServer
+) -> None:
+    await replicas()
+    url = nats_server.url
+    code, out, err = await _plexus(
+        url, "schedules", "create", "cli", "echo/k", "hello", "--every", "1", "--overlap", "allow", "--json"
+    )
+    assert code == 0, err
+    created = json.loads(out)
+    assert created["schedule"]["payload"][0]["text"] == "hello"
+    await runs_started(rt, "cli", 1)
+    code, out, err = await _plexus(url, "schedules", "pause", "cli", "--json")
+    assert code == 0, err
+    assert json.loads(out)["schedule"]["paused"] is True
+    code, out, err = await _plexus(url, "schedules", "trigger", "cli")
+    assert code == 0, err
+    await eventually(lambda: _has_run(rt, "cli", out.strip()), "the triggered run starts")
+    code, out, err = await _plexus(url, "schedules", "resume", "cli")
+    assert code == 0, err
+    code, out, err = await _plexus(url, "schedules", "ls", "--json")
+    assert code == 0, err
+    assert [row["schedule"]["id"] for row in json.loads(out)] == ["cli"]
+    code, out, err = await _plexus(url, "schedules", "create", "bad", "echo/k", "x", "--cron", "nope")
+    assert code == 1
+    assert "InvalidScheduleError" in err
+    code, out, err = await _plexus(url, "schedules", "rm", "cli")
+    assert code == 0, err
+    code, out, err = await _plexus(url, "schedules", "rm", "cli")
+    assert code == 1
+    assert "ScheduleNotFoundError" in err

@@ -27,6 +27,7 @@ from . import _cli_more as more
 from . import _cli_timetravel as timetravel_cli
 from ._cli_fork import add_fork
 from ._cli_fork import fork as fork_run
+from ._cli_schedules import register_schedules as _register_schedules
 from ._cli_tokens import register_tokens as _register_tokens
 from ._config import GatewayConfig, hash_token
 from ._runs import RunFilter, RunsView
@@ -37,6 +38,7 @@ __all__ = [
     "register_agents",
     "register_gateway",
     "register_runs",
+    "register_schedules",
     "register_sessions",
     "register_tokens",
 ]
@@ -335,6 +337,11 @@ def register_agents(sub: Any) -> None:
     _nats_arg(parser)
     parser.add_argument("--json", action="store_true", help="machine-readable output")
     parser.set_defaults(handler=lambda args: _guarded("agents", _with_runtime(args, more.agents, args.json)))
+
+
+def register_schedules(sub: Any) -> None:
+    """``plexus schedules``: scheduled runs (see _cli_schedules.py)."""
+    _register_schedules(sub, _nats_arg, _guarded, _urls)
 
 
 def register_tokens(sub: Any) -> None:
