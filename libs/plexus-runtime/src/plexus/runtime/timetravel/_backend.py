@@ -2,17 +2,19 @@
 
 A replayed handler gets a real `Context` whose side effects land here: a spawn replays the child (with
 the blocks the handler passes now) and answers with the child's *recorded* reply; progress, token
-streams, usage, checks and checkpoints do nothing (they change nothing the handler reads); a plain
-``ctx.send`` is not answered (the recording does not hold RPC replies yet) and stops the handler.
+streams and checkpoints do nothing (they change nothing the handler reads); usage reports and checks do
+nothing either, except in a run the cluster stopped (`RecordedStop`); a plain ``ctx.send`` is not answered
+(the recording does not hold RPC replies yet) and stops the handler.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from plexus.core import AgentId, AgentStep, BaseBlock, TopicId, Usage
+from plexus.core import AgentId, AgentStep, BaseBlock, KernelError, TopicId, Usage
 from plexus.runtime._agent import Agent
 from plexus.runtime._context import Context
 from plexus.runtime.store._eventlog import EventLog
@@ -20,7 +22,22 @@ from plexus.runtime.store._eventlog import EventLog
 from ._errors import ReplayDivergedError
 from ._log import ReplayLog
 
-__all__ = ["ReplayBackend"]
+__all__ = ["STOP_ERRORS", "RecordedStop", "ReplayBackend"]
+
+#: The errors the cluster raises inside a handler's `ctx.usage` / `ctx.check` (not agent code).
+STOP_ERRORS = frozenset({"BudgetExhaustedError", "CancellationError"})
+
+
+@dataclass(frozen=True)
+class RecordedStop:
+    """A run the cluster stopped (budget, cancellation, deadline): its recorded error, raised again by the
+    first `ctx.usage` or `ctx.check` at which the replayed handler has reported what the run had spent. The
+    point does not depend on the order concurrent siblings ran in (a tree budget counts them all)."""
+
+    error: Mapping[str, Any]  # KernelError.to_wire()
+    tokens: int
+    turns: int
+
 
 #: Replays a child spawned by the handler: (ctx, child, blocks) -> the child's recorded reply.
 SpawnChild = Callable[[Context, AgentId, Sequence[BaseBlock]], Awaitable[list[BaseBlock]]]
@@ -34,8 +51,12 @@ class ReplayBackend:
         logs: Mapping[AgentId, ReplayLog],
         spawn_child: SpawnChild,
         diverged: Callable[[str, object, object], None],
+        stop: RecordedStop | None = None,
     ) -> None:
         self._agent = agent
+        self._stop = stop
+        self._tokens = 0
+        self._turns = 0
         self._state_before = state_before
         self.logs = logs
         self._spawn_child = spawn_child
@@ -59,10 +80,17 @@ class ReplayBackend:
         return None
 
     async def usage_from(self, ctx: Context, usage: Usage, turns: int) -> None:
-        return None
+        self._tokens += usage.total_tokens
+        self._turns += turns
+        self._stopped()
 
     async def check_from(self, ctx: Context, max_age_s: float) -> None:
-        return None
+        self._stopped()
+
+    def _stopped(self) -> None:
+        stop = self._stop
+        if stop is not None and self._tokens >= stop.tokens and self._turns >= stop.turns:
+            raise KernelError.from_wire(dict(stop.error))
 
     async def spawn_from(
         self,

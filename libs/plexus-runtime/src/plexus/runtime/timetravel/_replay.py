@@ -28,7 +28,7 @@ from plexus.runtime.wire._orchestration import RunRecord, RunStatus
 from plexus.runtime.wire._recording import Recording, read_recording
 from plexus.runtime.wire._statedelta import apply_delta
 
-from ._backend import ReplayBackend
+from ._backend import STOP_ERRORS, RecordedStop, ReplayBackend
 from ._errors import ReplayAppMismatchError, ReplayDivergedError
 from ._hooks import ReplayHook, replay_hooks
 from ._log import ReplayLog
@@ -211,7 +211,7 @@ class _Replayer:
         def diverged(what: str, recorded: object, replayed: object) -> None:
             self.diverged(run, what, recorded, replayed)
 
-        backend = ReplayBackend(agent, before, logs, spawn_child, diverged)
+        backend = ReplayBackend(agent, before, logs, spawn_child, diverged, _recorded_stop(run))
         sender = head.get("sender")
         ctx = Context(
             agent_id=agent_id,
@@ -313,6 +313,13 @@ class _Replayer:
                 self.diverged(
                     run, f"state {keys}", {k: after.get(k) for k in keys}, {k: state.get(k) for k in keys}
                 )
+
+
+def _recorded_stop(run: RunRecord) -> RecordedStop | None:
+    error = run.error
+    if run.status is RunStatus.COMPLETED or error is None or error.get("error_type") not in STOP_ERRORS:
+        return None
+    return RecordedStop(error, run.own_usage.tokens, run.own_usage.turns)
 
 
 def _first_difference(run: RunRecord, what: str, expected: list[Any], made: list[Any], report: Any) -> bool:
