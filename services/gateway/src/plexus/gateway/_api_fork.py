@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from plexus.core import AgentId
 from plexus.runtime import ForkEdit, ForkPoint
@@ -31,10 +31,23 @@ class ForkEditIn(_Strict):
     )
 
 
+def _integral(value: Any) -> Any:
+    # JSON Schema's integer includes 5.0; strict mode would refuse it (a string stays refused).
+    return int(value) if isinstance(value, float) and value.is_integer() else value
+
+
+#: An integer as the OpenAPI document says it (5.0 included).
+Integral = Annotated[int, BeforeValidator(_integral)]
+
+
 class ForkIn(_Strict):
     agent: str | None = Field(default=None, max_length=1024, pattern=_AGENT_ID)
-    message: int = Field(default=0, ge=0, le=1_000_000, description="the agent's handled message in the run")
-    turn: int | None = Field(default=None, ge=0, le=1_000_000, description="after this turn; 0: the message")
+    message: Integral = Field(
+        default=0, ge=0, le=1_000_000, description="the agent's handled message in the run"
+    )
+    turn: Integral | None = Field(
+        default=None, ge=0, le=1_000_000, description="after this turn; 0: the message"
+    )
     edit: ForkEditIn | None = None
     budget: Budget = None
 
