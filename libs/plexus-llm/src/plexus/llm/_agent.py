@@ -46,6 +46,7 @@ from ._approvals import (
 )
 from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
+from ._decided import record_decision
 from ._errors import ProviderError, TranscriptTooLargeError
 from ._events import ReasoningDeltaEvent, TextDeltaEvent
 from ._fork import FORK_KEY, apply_fork, forked
@@ -215,6 +216,7 @@ class LLMAgent(Agent):
                 calls = list(pending["calls"])
                 raise ApprovalPendingError(f"awaiting approval of tool calls {calls}", calls)
             check_decision(pending, decision)  # its call, its suspension, not decided yet
+            record_decision(ctx, decision)  # who decided, committed with this message
             pending["decisions"][decision["call_id"]] = decision
             if set(pending["decisions"]) != set(pending["calls"]):
                 undecided = [c for c in pending["calls"] if c not in pending["decisions"]]

@@ -90,11 +90,13 @@ def approval_of(blocks: list[BaseBlock]) -> dict[str, Any] | None:
         decision = blocks[0].data.get(APPROVAL_KEY)
         if isinstance(decision, dict) and isinstance(decision.get("call_id"), str):
             suspension = decision.get("suspension")
+            decided_by = decision.get("decided_by")
             return {
                 "call_id": decision["call_id"],
                 "approved": decision.get("approved") is True,
                 "reason": str(decision.get("reason") or ""),
                 "suspension": suspension if isinstance(suspension, str) else None,
+                "decided_by": decided_by if isinstance(decided_by, str) else None,
             }
     return None
 
@@ -134,6 +136,7 @@ async def approve(
     reason: str = "",
     wait: Literal[False] = False,
     timeout: float = 300.0,
+    decided_by: str | None = None,
 ) -> None: ...
 
 
@@ -147,6 +150,7 @@ async def approve(
     reason: str = "",
     wait: Literal[True],
     timeout: float = 300.0,
+    decided_by: str | None = None,
 ) -> list[BaseBlock]: ...
 
 
@@ -159,6 +163,7 @@ async def approve(
     reason: str = "",
     wait: bool = False,
     timeout: float = 300.0,
+    decided_by: str | None = None,
 ) -> list[BaseBlock] | None:
     """Decide one pending tool call of `target` (an agent awaiting approval after a plain send, or the id of
     an orchestrated run) from any process. `call` is an entry of `ApprovalRequired.calls` (it names the
@@ -172,10 +177,12 @@ async def approve(
     with; for an agent, a call it does not wait for (or of a suspension that has ended, or already decided:
     the first decision stands) is `NoPendingApprovalError` (without ``wait`` the worker logs it). A repeat of
     a decision that names its suspension is stored once; a bare call id's is stored each time (the agent
-    refuses the second)."""
+    refuses the second). ``decided_by`` (default: `rt.identity`, the connection's NATS user) is recorded
+    by the agent with the decision (an ``llm.approval`` entry of its log: the transcript shows it)."""
     call_id, suspension = _decision(call)
+    by = decided_by if decided_by is not None else rt.identity
     if isinstance(target, AgentId):
-        blocks = approval_blocks(call_id, approved, reason, suspension)
+        blocks = approval_blocks(call_id, approved, reason, suspension, by)
         if wait:
             return await rt.send_message(blocks, target, timeout=timeout)
         message_id = str(MessageId.new())
@@ -186,7 +193,14 @@ async def approve(
     if not isinstance(target, str) or not target:
         raise TypeError(f"target must be an AgentId or a run id, got {target!r}")
     record = await rt.approve(
-        target, call_id, approved=approved, reason=reason, wait=wait, timeout=timeout, suspension=suspension
+        target,
+        call_id,
+        approved=approved,
+        reason=reason,
+        wait=wait,
+        timeout=timeout,
+        suspension=suspension,
+        decided_by=by,
     )
     if not wait:
         return None
@@ -205,6 +219,7 @@ async def deny(
     reason: str = "",
     wait: Literal[False] = False,
     timeout: float = 300.0,
+    decided_by: str | None = None,
 ) -> None: ...
 
 
@@ -217,6 +232,7 @@ async def deny(
     reason: str = "",
     wait: Literal[True],
     timeout: float = 300.0,
+    decided_by: str | None = None,
 ) -> list[BaseBlock]: ...
 
 
@@ -228,9 +244,12 @@ async def deny(
     reason: str = "",
     wait: bool = False,
     timeout: float = 300.0,
+    decided_by: str | None = None,
 ) -> list[BaseBlock] | None:
     """`approve` with ``approved=False``: the model sees an ``ApprovalDenied`` error result with `reason`."""
     if wait:
-        return await approve(rt, target, call, approved=False, reason=reason, wait=True, timeout=timeout)
-    await approve(rt, target, call, approved=False, reason=reason, timeout=timeout)
+        return await approve(
+            rt, target, call, approved=False, reason=reason, wait=True, timeout=timeout, decided_by=decided_by
+        )
+    await approve(rt, target, call, approved=False, reason=reason, timeout=timeout, decided_by=decided_by)
     return None

@@ -77,6 +77,7 @@ class Approvals(EngineCore):
         decision_id = v.parse_text("approve", "id", req.id)
         reason = v.parse_text("approve", "reason", req.reason)
         named = v.parse_text("approve", "suspension", req.suspension) if req.suspension else None
+        decided_by = v.parse_text("approve", "decided_by", req.decided_by) if req.decided_by else None
         record, _ = await self.store.require_run(run_id)
         if record.status != RunStatus.AWAITING_APPROVAL or decision_id not in record.awaiting:
             raise RunStateError(run_id, str(record.status), f"decide {decision_id!r}")
@@ -91,7 +92,7 @@ class Approvals(EngineCore):
         # suspension's decision on the same id is a new message.
         key = decision_id if suspension is None else f"{suspension}\n{decision_id}"
         digest = hashlib.sha256(key.encode()).hexdigest()[:24]
-        blocks = approval_blocks(decision_id, req.approved, reason, suspension)
+        blocks = approval_blocks(decision_id, req.approved, reason, suspension, decided_by)
         env = Envelope(
             id=f"approve-{run_id}-{digest}",
             kind="send",
@@ -133,7 +134,8 @@ class Approvals(EngineCore):
         changed = await self.store.update_run(run_id, decide)
         if changed.written:
             verdict = "approved" if req.approved else "denied"
-            text = f"{decision_id} {verdict} for run {run_id}" + (f": {reason}" if reason else "")
+            by = f" by {decided_by}" if decided_by else ""
+            text = f"{decision_id} {verdict}{by} for run {run_id}" + (f": {reason}" if reason else "")
             entry = RunDecision(run_id=RunId(run_id), agent_id=record.agent_id, decision=verdict)
             await self._log(changed.record, verdict, entry, AgentStep.STARTED, text, decided=decision_id)
         return changed.record

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import re
 import time
+import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar, overload
 
@@ -229,6 +230,7 @@ class Runtime(RunsClient, SchedulesClient, PostClient):
             interceptors=interceptors,
         )
         rt.connection_closed = closed
+        rt.identity = auth.user or _url_user(servers)
         await raise_on_denial(rt._start(), nc)
         return rt
 
@@ -601,3 +603,12 @@ def _root_run(message_id: str) -> RunInfo:
 
 
 _ = HDR_MSG_ID
+
+
+def _url_user(servers: Sequence[str]) -> str | None:
+    """The NATS user named in a server URL (``nats://user:pass@host``), if any."""
+    for server in servers:
+        user = urllib.parse.urlsplit(server).username
+        if user:
+            return urllib.parse.unquote(user)
+    return None

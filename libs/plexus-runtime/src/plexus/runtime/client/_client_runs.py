@@ -74,6 +74,8 @@ class RunsClient:
     subjects: Subjects
     artifacts: ArtifactStore
     orchestrator: OrchestratorClient
+    #: Who this connection acts as (its NATS user), recorded with its approval decisions; None: unknown.
+    identity: str | None = None
 
     def subjects_for(self, namespace: str) -> Subjects:
         raise NotImplementedError
@@ -165,6 +167,7 @@ class RunsClient:
         wait: bool = False,
         timeout: float = 60.0,
         suspension: str | None = None,
+        decided_by: str | None = None,
     ) -> RunRecord:
         """Decide one thing an ``awaiting_approval`` run waits for (a tool call id), from any process.
 
@@ -175,9 +178,15 @@ class RunsClient:
         returns once the outcome is known instead: the run ended (`run_result` has its answer) or awaits
         decisions again. RunStateError when it waits for no such thing, or (``suspension``: the
         `RunRecord.suspension` the decision is for) not in that suspension: a retried decision never takes
-        a later turn's call of the same id."""
+        a later turn's call of the same id. ``decided_by`` (default: this connection's `identity`) is
+        recorded with the decision by the agent that takes it."""
         request = ApproveRequest(
-            run_id=run_id, id=decision_id, approved=approved, reason=reason, suspension=suspension
+            run_id=run_id,
+            id=decision_id,
+            approved=approved,
+            reason=reason,
+            suspension=suspension,
+            decided_by=decided_by if decided_by is not None else self.identity,
         )
         record = await self.orchestrator.call("approve", request, RunRecord)
         if wait and record.status == RunStatus.RUNNING:
@@ -194,6 +203,7 @@ class RunsClient:
         wait: bool = False,
         timeout: float = 60.0,
         suspension: str | None = None,
+        decided_by: str | None = None,
     ) -> RunRecord:
         """`approve` with ``approved=False``: the agent sees the refusal (an error result for the call)."""
         return await self.approve(
@@ -204,6 +214,7 @@ class RunsClient:
             wait=wait,
             timeout=timeout,
             suspension=suspension,
+            decided_by=decided_by,
         )
 
     async def cancel_run(self, run_id: str, reason: str = "cancelled") -> RunRecord:

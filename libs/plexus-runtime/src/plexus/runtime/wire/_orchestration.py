@@ -278,6 +278,8 @@ class ApproveRequest(msgspec.Struct, kw_only=True):
     reason: str = ""
     #: The suspension the decision is for (`RunRecord.suspension`); None: whichever the run waits in.
     suspension: str | None = None
+    #: Who decided (a user, a token's name), recorded with the decision by the agent that takes it.
+    decided_by: str | None = None
 
 
 #: DataBlock key of a decision message (`approval_blocks`): what an awaiting agent receives from `approve`.
@@ -285,13 +287,19 @@ APPROVAL_KEY = "plexus.approval"
 
 
 def approval_blocks(
-    decision_id: str, approved: bool, reason: str = "", suspension: str | None = None
+    decision_id: str,
+    approved: bool,
+    reason: str = "",
+    suspension: str | None = None,
+    decided_by: str | None = None,
 ) -> list[BaseBlock]:
     """The message that carries one decision to the agent that awaits it (naming the suspension it is for,
-    when known: the agent refuses it for another one)."""
+    when known: the agent refuses it for another one; and who decided, when known)."""
     decision: dict[str, Any] = {"call_id": decision_id, "approved": approved, "reason": reason}
     if suspension is not None:
         decision["suspension"] = suspension
+    if decided_by is not None:
+        decision["decided_by"] = decided_by
     return [DataBlock(data={APPROVAL_KEY: decision})]
 
 
