@@ -7,7 +7,7 @@ import json
 import time
 from typing import Any
 
-from plexus.core import RunId, TextBlock
+from plexus.core import AgentId, RunId, RunMessageReceived, TextBlock
 from plexus.runtime import escape_token
 
 from .conftest import SseEvent, Stack, read_sse
@@ -200,6 +200,46 @@ async def test_a_plain_message_that_ends_awaiting_approval_is_a_409_naming_the_c
     assert problem["error_type"] == "ApprovalRequired"
     assert problem["fields"]["call_ids"] == ["door-1"]
     assert problem["fields"]["agent_id"].endswith("gatekeeper/g2")
+
+
+async def test_a_plain_agents_pending_calls_are_decided_over_http_per_suspension(gw: Stack) -> None:
+    """The 409 a plain send gets names the pending calls; `/approvals/{call_id}` decides them: with ``wait``
+    the resumed agent's answer (or its next suspension, a 409 again), without it once stored (a repeat once).
+    A decision naming a suspension that has ended is a 409; the later turn's reused ``call_0`` is decided."""
+    path = "/v1/agents/doorman/p1"
+    sent = await gw.client.post(f"{path}/messages", json={"input": text("open both")})
+    assert sent.status_code == 409, sent.text
+    (call,) = sent.json()["fields"]["calls"]
+    assert (call["call_id"], call["tool_name"], call["arguments"]) == ("call_0", "open_door", {"door": 1})
+    first = {"suspension": call["suspension"]}
+    resumed = await gw.client.post(f"{path}/approvals/call_0", json={**first, "wait": True})
+    assert resumed.status_code == 409, resumed.text  # the next turn's call_0 waits
+    assert resumed.json()["error_type"] == "ApprovalRequired"
+    (later,) = resumed.json()["fields"]["calls"]
+    assert (later["call_id"], later["arguments"]) == ("call_0", {"door": 2})
+    assert later["suspension"] != call["suspension"]
+    for _ in range(2):  # a retry of the first decision, its answer lost: stored (once), not taken
+        stored = await gw.client.post(f"{path}/approvals/call_0", json=first)
+        assert stored.status_code == 200, stored.text
+        assert stored.json() == {
+            "agent_id": "doorman/p1",
+            "call_id": "call_0",
+            "approved": True,
+            "output": None,
+        }
+    stale = await gw.client.post(f"{path}/approvals/call_0", json={**first, "approved": False, "wait": True})
+    assert stale.status_code == 409, stale.text
+    assert stale.json()["error_type"] == "NoPendingApprovalError"
+    done = await gw.client.post(
+        f"{path}/approvals/call_0", json={"suspension": later["suspension"], "wait": True}
+    )
+    assert done.status_code == 200, done.text
+    assert [b["text"] for b in done.json()["output"]] == ["both doors open"]
+    log = await gw.rt.event_log(AgentId("doorman", "p1")).read()
+    # The input, two decisions that resumed it, the retry once, the refused stale one.
+    assert len([r for r in log if isinstance(r.entry, RunMessageReceived)]) == 5
+    unknown = await gw.client.post("/v1/agents/nobody/x/approvals/call_0", json={})
+    assert unknown.status_code == 404, unknown.text
 
 
 async def test_events_stream_snapshot_then_live_then_done(gw: Stack) -> None:

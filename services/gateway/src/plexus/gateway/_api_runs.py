@@ -9,12 +9,22 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Query
 from pydantic import StringConstraints
 from sse_starlette import EventSourceResponse
 
-from plexus.core import AgentId, BaseBlock, content_block_to_dict
-from plexus.runtime.orchestration import RunStatus
+from plexus.core import AgentId, BaseBlock, MessageId, content_block_to_dict
+from plexus.runtime.orchestration import RunStatus, approval_blocks, decision_message_id
 
 from ._changes import run_changes
 from ._events import EVENT_ID_PATTERN, parse_event_id, tree_events
-from ._models import AgentTypeOut, MessageIn, MessageOut, RunCreated, RunsPage, StartRun, WorkerOut
+from ._models import (
+    AgentTypeOut,
+    DecisionIn,
+    DecisionOut,
+    MessageIn,
+    MessageOut,
+    RunCreated,
+    RunsPage,
+    StartRun,
+    WorkerOut,
+)
 from ._problems import PROBLEM_RESPONSES, Problem
 from ._runs import RunFilter, budget_view, partitions_by_worker
 from ._state import GatewayState, authorize, state
@@ -27,6 +37,8 @@ Gw = Annotated[GatewayState, Depends(state)]
 RunIdPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_\-.:]+$")]
 NamePath = Annotated[str, Path(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")]
 KeyPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_\-.:]+$")]
+#: A tool call id as providers make them (``call_0``, ``toolu_01...``, ``call_abc-1``).
+CallIdPath = Annotated[str, Path(min_length=1, max_length=256, pattern=r"^[A-Za-z0-9_\-.:]+$")]
 SSE_HEADERS = {"X-Accel-Buffering": "no", "Cache-Control": "no-cache"}
 _RUN_ID = r"[A-Za-z0-9_\-.:]+"
 _STATUS = "(" + "|".join(sorted(RunStatus)) + ")?"
@@ -91,6 +103,29 @@ async def send_message(gw: Gw, agent_type: NamePath, key: KeyPath, body: Message
     agent_id = _agent_id(agent_type, key, gw.rt.namespace)
     reply = await gw.rt.send_message(list(body.input), agent_id, timeout=body.timeout_s)
     return MessageOut(agent_id=str(agent_id), output=_blocks(reply))
+
+
+@router.post(
+    "/agents/{agent_type}/{key}/approvals/{call_id}",
+    response_model=DecisionOut,
+    summary="decide one tool call a (non-run) agent awaits approval for (its 409 ApprovalRequired)",
+)
+async def decide_call(
+    gw: Gw, agent_type: NamePath, key: KeyPath, call_id: CallIdPath, body: DecisionIn
+) -> DecisionOut:
+    agent_id = _agent_id(agent_type, key, gw.rt.namespace)
+    blocks = approval_blocks(call_id, body.approved, body.reason, body.suspension)
+    out = DecisionOut(agent_id=str(agent_id), call_id=call_id, approved=body.approved)
+    if body.wait:
+        out.output = _blocks(await gw.rt.send_message(blocks, agent_id, timeout=body.timeout_s))
+        return out
+    # Stored in the agent's inbox stream, no live worker needed; named, a repeat is one message (the
+    # stream's dedupe) while a later suspension's decision on a reused call id is another.
+    message_id = str(MessageId.new())
+    if body.suspension is not None:
+        message_id = decision_message_id(str(agent_id), call_id, body.approved, body.suspension)
+    await gw.rt.post_message(blocks, agent_id, message_id=message_id, timeout=min(body.timeout_s, 30.0))
+    return out
 
 
 def _agent_id(agent_type: str, key: str, namespace: str) -> AgentId:

@@ -12,6 +12,8 @@ from plexus.core import AgentId, ContentBlock, ExecutionBudget, Priority, SpawnB
 __all__ = [
     "AgentTypeOut",
     "CreateSession",
+    "DecisionIn",
+    "DecisionOut",
     "MessageIn",
     "MessageOut",
     "RunCreated",
@@ -136,6 +138,33 @@ class MessageIn(_Strict):
 class MessageOut(BaseModel):
     agent_id: str
     output: list[dict[str, JsonValue]]
+
+
+class DecisionIn(_Strict):
+    approved: bool = Field(default=True, strict=True)
+    reason: str = Field(default="", max_length=500)
+    #: ``fields.calls[*].suspension`` of the 409 ApprovalRequired: the wait the decision is for.
+    suspension: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=500,
+        description="the suspension the decision is for (from the ApprovalRequired problem's calls); "
+        "without it, whichever waits for the call id when the agent reads the decision",
+    )
+    wait: bool = Field(
+        default=False,
+        strict=True,
+        description="answer with the resumed agent's reply (or its typed error) instead of once stored",
+    )
+    timeout_s: float = Field(default=30.0, gt=0, le=300, allow_inf_nan=False)
+
+
+class DecisionOut(BaseModel):
+    agent_id: str
+    call_id: str
+    approved: bool
+    #: With ``wait``: the agent's reply once the loop resumed and finished; else null (stored, not handled).
+    output: list[dict[str, JsonValue]] | None = None
 
 
 class WorkerOut(BaseModel):

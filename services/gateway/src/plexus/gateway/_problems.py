@@ -44,6 +44,8 @@ _KERNEL_STATUS: dict[str, int] = {
     "SubjectTooLongError": 422,
     "RunStateError": 409,
     "ApprovalRequired": 409,  # handled; the agent now waits for decisions (fields: call_ids, calls)
+    "ApprovalPendingError": 409,  # the agent takes no other message until the pending calls are decided
+    "NoPendingApprovalError": 409,  # a decision for a call that awaits none (or of a suspension that ended)
     "CancellationError": 409,
     "BudgetExhaustedError": 409,
     "SpawnDenied": 409,
