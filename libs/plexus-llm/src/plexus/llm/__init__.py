@@ -18,11 +18,23 @@ Public API (the ``_modules`` are private):
 - typed outputs: ``LLMAgent(output_type=...)``, `OutputSpec`, `OutputValidationError`
 - MCP servers as tool sources: `MCPServer` (stdio or streamable HTTP; `ToolSource`), its typed errors
   `MCPServerError` / `MCPProtocolError` / `MCPTimeoutError` / `MCPToolError`, `close_mcp_connections`
+- remote A2A agents as tools and handoff targets: `A2AAgent` (`A2ATool`; the journaled task id
+  `A2ATaskAccepted`), its typed errors `A2AAgentError` / `A2AProtocolError` / `A2ATimeoutError` /
+  `A2ATaskFailedError` / `A2AInputRequiredError`
 - a deterministic model for tests and demos: `ScriptedModel`, `ScriptedTurn`
 """
 
 from __future__ import annotations
 
+from ._a2a import A2AAgent, A2ATool
+from ._a2aerrors import (
+    A2AAgentError,
+    A2AInputRequiredError,
+    A2AProtocolError,
+    A2ATaskFailedError,
+    A2ATimeoutError,
+)
+from ._a2atask import A2ATaskAccepted
 from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn, TurnAccumulator
 from ._agent import FINISH_KEY, TRANSCRIPT_KEY, LLMAgent, ModelFinishedWithError
 from ._anthropic import AnthropicModel, anthropic_messages, anthropic_request
@@ -106,6 +118,14 @@ __all__ = [
     "PENDING_KEY",
     "RESPONSES_ITEM",
     "TRANSCRIPT_KEY",
+    "A2AAgent",
+    "A2AAgentError",
+    "A2AInputRequiredError",
+    "A2AProtocolError",
+    "A2ATaskAccepted",
+    "A2ATaskFailedError",
+    "A2ATimeoutError",
+    "A2ATool",
     "AnthropicModel",
     "ApprovalPendingError",
     "ApprovalRequired",

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from pydantic import ValidationError
 
@@ -64,6 +64,21 @@ _TOOL_NAME = re.compile(r"[^A-Za-z0-9_-]")
 _EMPTY_ARGUMENTS: dict[str, JsonValue] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
+class RemoteAgent(Protocol):
+    """A handoff target outside the cluster (`A2AAgent`): it answers the conversation itself."""
+
+    url: str
+
+    async def hand_over(self, ctx: Context, items: Sequence[Item], call_id: str) -> list[BaseBlock]: ...
+
+
+@runtime_checkable
+class SupportsHandoff(Protocol):
+    """What ``handoffs=[...]`` takes besides names and ids: something that makes its own `Handoff`."""
+
+    def as_handoff(self) -> Handoff: ...
+
+
 class HandoffInputError(KernelError):
     """A handoff's DataBlock whose items are not a conversation (``problem`` says what is wrong)."""
 
@@ -87,6 +102,8 @@ class Handoff:
     tool_name: str = ""
     input_filter: InputFilter | None = None
     timeout_s: float = 300.0
+    #: A remote agent (`A2AAgent`) that answers in place of a spawned one; ``target`` is then its name.
+    remote: RemoteAgent | None = None
 
     def __post_init__(self) -> None:
         name = self.target.type if isinstance(self.target, AgentId) else self.target
@@ -114,7 +131,7 @@ class Handoff:
         return AgentId(self.target, ctx.agent_id.key, ctx.agent_id.namespace)
 
 
-HandoffTarget = Handoff | AgentId | AgentType | str
+HandoffTarget = Handoff | AgentId | AgentType | str | SupportsHandoff
 
 
 def _handoff(target: HandoffTarget) -> Handoff:
@@ -124,6 +141,8 @@ def _handoff(target: HandoffTarget) -> Handoff:
         return Handoff(target.name, description=target.description)
     if isinstance(target, AgentId | str):
         return Handoff(target)
+    if isinstance(target, SupportsHandoff):
+        return target.as_handoff()
     raise TypeError(
         f"handoffs takes agent type names, AgentIds, AgentTypes or Handoff(...) values, got {target!r}"
     )
@@ -168,7 +187,7 @@ class Handoffs:
             await journal.settle()  # a child run starts only from a stored turn
         chosen = next(c for c in calls if c.tool_name in self._by_name)
         handoff = self._by_name[chosen.tool_name]
-        target = handoff.agent_id(ctx)
+        target: AgentId | str = handoff.agent_id(ctx) if handoff.remote is None else handoff.remote.url
         others = {
             c.call_id: _not_run(c, chosen, str(target), c.tool_name in self._by_name)
             for c in calls
@@ -197,11 +216,21 @@ class Handoffs:
             AgentStep.HANDOFF, [chosen], metadata={"from": str(ctx.agent_id), "to": str(target)}
         )
         try:
-            answer = await ctx.spawn(target, [handoff_block(ctx.agent_id, passed)], timeout=handoff.timeout_s)
+            if handoff.remote is not None:
+                answer = await handoff.remote.hand_over(ctx, passed, chosen.call_id)
+            else:
+                assert isinstance(target, AgentId)
+                block = handoff_block(ctx.agent_id, passed)
+                answer = await ctx.spawn(target, [block], timeout=handoff.timeout_s)
         except AgentNotFoundError as exc:
             if exc.agent_id != str(target):
                 raise  # the target ran and failed on a send of its own: its failure, as any other
             # No such target: the model may pick another.
+            result = ToolResultBlock(call_id=chosen.call_id, content=[exc.to_block()], is_error=True)
+        except KernelError as exc:
+            if handoff.remote is None:
+                raise
+            # A remote agent that failed, went away or asks for input: the model sees it and goes on.
             result = ToolResultBlock(call_id=chosen.call_id, content=[exc.to_block()], is_error=True)
         else:
             result = ToolResultBlock(

@@ -15,7 +15,7 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints, overload
 
 from pydantic import BaseModel, ConfigDict, ValidationError, create_model
 
-from plexus.core import BaseBlock, DataBlock, ErrorBlock, JsonValue, TextBlock
+from plexus.core import BaseBlock, DataBlock, ErrorBlock, JsonValue, TextBlock, ToolUseBlock
 from plexus.runtime import Context
 
 from ._client import ToolSpec
@@ -56,6 +56,11 @@ class Tool:
         parsed = self.parse(arguments)
         kwargs = {name: getattr(parsed, name) for name in type(parsed).model_fields}
         return await self._run(kwargs, ctx)
+
+    async def invoke_call(self, call: ToolUseBlock, ctx: Context | None) -> Any:
+        """Run one call of the model: `invoke` with its arguments (a tool that journals what it started,
+        keyed by the call's id, overrides this: `A2ATool`)."""
+        return await self.invoke(call.arguments, ctx)
 
     def parse(self, arguments: dict[str, JsonValue]) -> BaseModel:
         """The validated arguments of one call (ToolArgumentsError when they do not fit the schema)."""

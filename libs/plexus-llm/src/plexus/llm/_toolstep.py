@@ -144,7 +144,7 @@ class ToolStep:
         t = self.tools.get(call.tool_name)
         assert t is not None
         try:
-            value = await t.invoke(call.arguments, ctx)
+            value = await t.invoke_call(call, ctx)
         except CancellationError:
             raise
         except Exception as exc:
