@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from playwright.async_api import Page, expect
 
+from plexus.gateway import hash_token
+
 from . import test_dashboard
 from .conftest import TOKEN, Stack
 
@@ -68,3 +70,36 @@ async def test_the_transcript_opens_from_a_node_and_forks_from_a_turn_side_by_si
     record = await gw.rt.get_run(fork_run)
     assert record.forked_from == {"run_id": run_id, "agent_id": "llm/ui-tx", "message": 0, "turn": 1}
     await page.screenshot(path=str(tmp_path / "transcript-fork.png"), full_page=True)
+
+
+async def test_the_transcript_shows_each_approval_with_who_decided(gw: Stack, tab: Page) -> None:
+    """Two gated turns of a run: the first decided by the bearer token (its identity by default), the second
+    denied with an explicit ``decided_by``; the route and the view name the decider of each."""
+    started = await gw.client.post(
+        "/v1/runs", json={"agent_id": "doorman/ui-ap", "input": [{"type": "text", "text": "open both"}]}
+    )
+    run_id = started.json()["run_id"]
+    await gw.rt.wait_run(run_id, timeout=30, until=("awaiting_approval",))
+    ok = await gw.client.post(f"/v1/runs/{run_id}/approve", json={"decision_id": "call_0"})
+    assert ok.status_code == 200, ok.text
+    await gw.rt.wait_run(run_id, timeout=30, until=("awaiting_approval", "completed", "failed"))
+    no = await gw.client.post(
+        f"/v1/runs/{run_id}/approve",
+        json={"decision_id": "call_0", "approved": False, "reason": "not now", "decided_by": "alice"},
+    )
+    assert no.status_code == 200, no.text
+    assert (await gw.rt.wait_run(run_id, timeout=30)).status == "completed"
+
+    token = f"token:{hash_token(TOKEN)[:12]}"
+    shown = (await gw.client.get(f"/v1/runs/{run_id}/transcript")).json()
+    decisions = [
+        (a["approved"], a["decided_by"], a["reason"]) for m in shown["messages"] for a in m["approvals"]
+    ]
+    assert decisions == [(True, token, ""), (False, "alice", "not now")]
+
+    page = tab
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}&node={run_id}")
+    await expect(page.locator("#d-title")).to_have_text("doorman/ui-ap")
+    await page.locator("#d-transcript").click()
+    approvals = page.locator("#tx-main .tx-approval")
+    await expect(approvals).to_have_text([f"approved call_0 by {token}", "denied call_0 by alice: not now"])

@@ -138,6 +138,11 @@ class TokenRegistry:
         finally:
             self.ready.set()
 
+    def name_of(self, key: str) -> str | None:
+        """The name a live token was created with (``key``: what `identify` returned)."""
+        record = self._known.get(key)
+        return record.name if record is not None else None
+
     def identify(self, token: str) -> str | None:
         """The caller's key (the token's hash) if `token` is a live token of this tenant."""
         # A dict lookup on the hash: the hash of a random token says nothing about the token.

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgspec
-from fastapi import APIRouter, Body, Depends, Header, Path, Query
+from fastapi import APIRouter, Body, Depends, Header, Path, Query, Request
 from pydantic import StringConstraints
 from sse_starlette import EventSourceResponse
 
@@ -27,7 +27,7 @@ from ._models import (
 )
 from ._problems import PROBLEM_RESPONSES, Problem
 from ._runs import RunFilter, budget_view, partitions_by_worker
-from ._state import GatewayState, authorize, state
+from ._state import GatewayState, authorize, caller_name, state
 
 __all__ = ["router", "sse_response", "tree_root"]
 
@@ -111,10 +111,11 @@ async def send_message(gw: Gw, agent_type: NamePath, key: KeyPath, body: Message
     summary="decide one tool call a (non-run) agent awaits approval for (its 409 ApprovalRequired)",
 )
 async def decide_call(
-    gw: Gw, agent_type: NamePath, key: KeyPath, call_id: CallIdPath, body: DecisionIn
+    gw: Gw, request: Request, agent_type: NamePath, key: KeyPath, call_id: CallIdPath, body: DecisionIn
 ) -> DecisionOut:
     agent_id = _agent_id(agent_type, key, gw.rt.namespace)
-    blocks = approval_blocks(call_id, body.approved, body.reason, body.suspension)
+    by = body.decided_by or caller_name(request)
+    blocks = approval_blocks(call_id, body.approved, body.reason, body.suspension, by)
     out = DecisionOut(agent_id=str(agent_id), call_id=call_id, approved=body.approved)
     if body.wait:
         out.output = _blocks(await gw.rt.send_message(blocks, agent_id, timeout=body.timeout_s))
@@ -255,6 +256,7 @@ async def cancel_run(
 )
 async def approve_run(
     gw: Gw,
+    request: Request,
     run_id: RunIdPath,
     decision_id: Annotated[str, Body(min_length=1, max_length=500, description="e.g. a tool call id")],
     approved: Annotated[bool, Body(strict=True)] = True,
@@ -267,8 +269,20 @@ async def approve_run(
             description="the wait it is for (run.suspension): 409 once that has ended",
         ),
     ] = None,
+    decided_by: Annotated[
+        str | None,
+        Body(
+            min_length=1,
+            max_length=200,
+            description="who decided, recorded with the decision (default: the bearer token's name)",
+        ),
+    ] = None,
 ) -> dict[str, Any]:
-    record = await gw.rt.approve(run_id, decision_id, approved=approved, reason=reason, suspension=suspension)
+    # Never the gateway's own NATS user: "" when the caller is not known says so.
+    by = decided_by or caller_name(request) or ""
+    record = await gw.rt.approve(
+        run_id, decision_id, approved=approved, reason=reason, suspension=suspension, decided_by=by
+    )
     return {"run": _as_json(record)}
 
 

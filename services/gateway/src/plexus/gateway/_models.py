@@ -157,6 +157,12 @@ class DecisionIn(_Strict):
         description="answer with the resumed agent's reply (or its typed error) instead of once stored",
     )
     timeout_s: float = Field(default=30.0, gt=0, le=300, allow_inf_nan=False)
+    decided_by: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="who decided, recorded with the decision (default: the bearer token's name)",
+    )
 
 
 class DecisionOut(BaseModel):

@@ -19,7 +19,7 @@ from ._problems import Problem
 from ._runs import RunsView
 from ._sessions import SessionStore
 
-__all__ = ["GatewayState", "authorize", "state"]
+__all__ = ["GatewayState", "authorize", "caller_name", "state"]
 
 
 @dataclass
@@ -67,6 +67,7 @@ async def authorize(request: Request) -> None:
             caller = gw.tokens.identify(token)
         if caller is None:
             raise Problem(401, "Unauthorized", "a valid bearer token is required", headers_www="Bearer")
+    request.state.caller_name = _caller_name(gw, caller)
     wait = gw.limiter.take(caller) if gw.limiter is not None and caller is not None else 0.0
     if wait > 0:
         raise Problem(
@@ -75,3 +76,18 @@ async def authorize(request: Request) -> None:
             f"more than {gw.config.rate_limit:g} requests per second from this caller",
             headers_retry_after=str(max(1, math.ceil(wait))),
         )
+
+
+def _caller_name(gw: GatewayState, caller: str | None) -> str | None:
+    """Who the caller is, as recorded with what it decides: a named token's name, ``token:<hash prefix>`` for
+    a ``--token-hash`` token, the client's address in dev mode."""
+    if caller is None or caller.startswith("addr:"):
+        return caller
+    name = gw.tokens.name_of(caller) if gw.tokens is not None else None
+    return f"token:{name}" if name else f"token:{caller[:12]}"
+
+
+def caller_name(request: Request) -> str | None:
+    """The identity `authorize` found for this request (None: none)."""
+    name = getattr(request.state, "caller_name", None)
+    return name if isinstance(name, str) else None

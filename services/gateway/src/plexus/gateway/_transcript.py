@@ -2,7 +2,8 @@
 
 Read from what is stored, never from a worker: the loop's journal (``<type>.llm-journal/<key>``,
 docs/llm.md: every model turn and tool step as it completes, so the view is live) and the agent's EventLog
-(its handled messages, and the ``RunLlmCall`` records committed with each: model and latency). The gateway
+(its handled messages, and the ``RunLlmCall`` records committed with each: model and latency; the
+``llm.approval`` record of a decision it took: the call, the verdict and who decided). The gateway
 does not import plexus.llm: entries are read as the JSON they are stored as.
 """
 
@@ -36,6 +37,7 @@ async def agent_transcript(rt: Runtime, record: dict[str, Any], agent: AgentId) 
     run_id = record["run_id"]
     # The agent's messages in this run (committed ones), and the model calls each committed.
     in_run: dict[str, list[dict[str, Any]]] = {}
+    decisions: dict[str, list[dict[str, Any]]] = {}
     batches: dict[int, list[dict[str, Any]]] = {}
     for seq, entry in log:
         batches.setdefault(seq, []).append(entry)
@@ -46,6 +48,7 @@ async def agent_transcript(rt: Runtime, record: dict[str, Any], agent: AgentId) 
             continue
         order.append(received["message_id"])
         in_run[received["message_id"]] = [e for e in entries if e.get("type") == "llm.call"]
+        decisions[received["message_id"]] = [_decision(e) for e in entries if e.get("type") == "llm.approval"]
     steps: dict[str, dict[int, dict[str, Any]]] = {}
     for _seq, entry in journal:
         if entry.get("type") == "llm.step":
@@ -55,7 +58,10 @@ async def agent_transcript(rt: Runtime, record: dict[str, Any], agent: AgentId) 
     pending = [m for m in steps if m not in in_run]
     if live and pending:
         order.append(pending[-1])
-    messages = [_message(m, steps.get(m, {}), in_run.get(m), index) for index, m in enumerate(order)]
+    messages = [
+        _message(m, steps.get(m, {}), in_run.get(m), index) | {"approvals": decisions.get(m, [])}
+        for index, m in enumerate(order)
+    ]
     stored = await rt.connection.gets.kv_entry(
         rt.connection.topology.names.runs_bucket, input_key(escape_token(run_id))
     )
@@ -102,3 +108,14 @@ def _message(
         turn["model"] = call.get("model")
         turn["latency_s"] = call.get("duration_s")
     return {"message_id": message_id, "index": index, "committed": calls is not None, "turns": turns}
+
+
+def _decision(entry: dict[str, Any]) -> dict[str, Any]:
+    """A decision the agent took with a message: the call, the verdict, why, and who decided."""
+    return {
+        "call_id": entry.get("call_id"),
+        "approved": entry.get("approved") is True,
+        "reason": entry.get("reason") or "",
+        "decided_by": entry.get("decided_by"),
+        "at": entry.get("timestamp"),
+    }

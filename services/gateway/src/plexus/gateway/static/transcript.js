@@ -143,6 +143,7 @@ function renderTranscript(el, t, forkable, forkedAt) {
   for (const item of inputItems(t.input)) el.append(renderItem(item, "tx-input"));
   t.messages.forEach((m) => {
     el.append(text("h4", `message ${m.index + 1}${m.committed ? "" : " (in progress)"}`));
+    for (const a of m.approvals || []) el.append(renderApproval(a));
     for (const turn of m.turns) el.append(renderTurn(turn, forkable, forkedAt));
   });
 }
@@ -174,6 +175,15 @@ function renderTurn(turn, forkable, forkedAt) {
   div.append(head, renderItem(turn.item, "tx-model"));
   if (turn.tools) div.append(renderItem(turn.tools, "tx-tools"));
   if (forkedAt && turn.turn === (forkedAt.turn ?? 0)) div.append(text("div", "forked here", "tx-forked-here"));
+  return div;
+}
+
+// A decision this message carried: who decided and what (the agent recorded it with the message).
+function renderApproval(a) {
+  const verdict = a.approved ? "approved" : "denied";
+  const who = a.decided_by ? ` by ${a.decided_by}` : " (decider not recorded)";
+  const div = text("div", `${verdict} ${a.call_id}${who}${a.reason ? `: ${a.reason}` : ""}`, `tx-approval tx-${verdict}`);
+  div.dataset.call = a.call_id;
   return div;
 }
 
