@@ -128,13 +128,13 @@ def open_door(door: int) -> str:
     return f"door {door} open"
 
 
-def _doorman(_id: AgentId) -> LLMAgent:
+def _porter(_id: AgentId) -> LLMAgent:
     """Two gated turns that both call ``call_0`` (as OpenAI-compatible servers do), then an answer."""
     turns = [ScriptedTurn(tool_calls=[("call_0", "open_door", {"door": n})]) for n in (1, 2)]
     return LLMAgent(ScriptedModel([*turns, ScriptedTurn(text="both doors open")]), tools=[open_door])
 
 
-app.register("doorman", _doorman, description="an LLM agent whose two turns each ask to open a door (call_0)")
+app.register("porter", _porter, description="an LLM agent whose two turns each ask to open a door (call_0)")
 
 
 @tool

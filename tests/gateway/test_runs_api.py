@@ -166,7 +166,7 @@ async def test_a_run_whose_later_turn_reuses_a_call_id_is_approved_twice_over_ht
     """Both turns of an LLM agent call ``call_0``: the second awaits a decision again (not ``running`` while
     its agent is parked), and its approval within the duplicate window reaches the agent (not dropped as a
     repeat of the first)."""
-    created = await gw.client.post("/v1/runs", json={"agent_id": "doorman/d1", "input": text("open both")})
+    created = await gw.client.post("/v1/runs", json={"agent_id": "porter/d1", "input": text("open both")})
     run_id = created.json()["run_id"]
     first = await gw.rt.wait_run(run_id, timeout=20, until=("awaiting_approval",))
     assert first.awaiting == ["call_0"]
@@ -206,7 +206,7 @@ async def test_a_plain_agents_pending_calls_are_decided_over_http_per_suspension
     """The 409 a plain send gets names the pending calls; `/approvals/{call_id}` decides them: with ``wait``
     the resumed agent's answer (or its next suspension, a 409 again), without it once stored (a repeat once).
     A decision naming a suspension that has ended is a 409; the later turn's reused ``call_0`` is decided."""
-    path = "/v1/agents/doorman/p1"
+    path = "/v1/agents/porter/p1"
     sent = await gw.client.post(f"{path}/messages", json={"input": text("open both")})
     assert sent.status_code == 409, sent.text
     (call,) = sent.json()["fields"]["calls"]
@@ -222,7 +222,7 @@ async def test_a_plain_agents_pending_calls_are_decided_over_http_per_suspension
         stored = await gw.client.post(f"{path}/approvals/call_0", json=first)
         assert stored.status_code == 200, stored.text
         assert stored.json() == {
-            "agent_id": "doorman/p1",
+            "agent_id": "porter/p1",
             "call_id": "call_0",
             "approved": True,
             "output": None,
@@ -235,7 +235,7 @@ async def test_a_plain_agents_pending_calls_are_decided_over_http_per_suspension
     )
     assert done.status_code == 200, done.text
     assert [b["text"] for b in done.json()["output"]] == ["both doors open"]
-    log = await gw.rt.event_log(AgentId("doorman", "p1")).read()
+    log = await gw.rt.event_log(AgentId("porter", "p1")).read()
     # The input, two decisions that resumed it, the retry once, the refused stale one.
     assert len([r for r in log if isinstance(r.entry, RunMessageReceived)]) == 5
     unknown = await gw.client.post("/v1/agents/nobody/x/approvals/call_0", json={})
