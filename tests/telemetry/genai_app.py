@@ -1,6 +1,7 @@
 """LLM agents of the GenAI span test, over the official openai SDK pointed at the fake provider whose URL the
 test passes in ``FAKE_OPENAI_URL``: ``triage`` hands the conversation to ``billing``, whose ``ask_clerk`` tool
-spawns ``clerk`` as a child run. Each agent's system prompt tells the fake which one is asking."""
+spawns ``clerk`` as a child run; ``liaison`` asks ``clerk`` over A2A, through a gateway (``A2A_GATEWAY_URL``).
+Each agent's system prompt tells the fake which one is asking."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import os
 import openai
 
 from plexus.core import AgentId, TextBlock
-from plexus.llm import LLMAgent, ModelSettings, OpenAIChatModel, tool
+from plexus.llm import A2AAgent, LLMAgent, ModelSettings, OpenAIChatModel, tool
 from plexus.runtime import App, Context
 
 app = App()
@@ -42,3 +43,12 @@ app.register(
         settings=ModelSettings(temperature=0.2, max_tokens=200),
     ),
 )
+
+
+def _liaison(_id: AgentId) -> LLMAgent:
+    # The clerk again, but remote: served over A2A by the gateway whose URL the A2A-hop test passes in.
+    clerk = A2AAgent(f"{os.environ['A2A_GATEWAY_URL']}/a2a/clerk", os.environ["A2A_GATEWAY_TOKEN"])
+    return LLMAgent(_model(), system="Liaison.", tools=[clerk])
+
+
+app.register("liaison", _liaison, description="asks the clerk over A2A")

@@ -28,6 +28,7 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ga
 from opentelemetry.semconv._incubating.metrics import gen_ai_metrics as gm
 
 from plexus.core import AgentId, SpawnBudget, TextBlock
+from plexus.gateway import hash_token
 from plexus.runtime import NatsServer, Runtime
 from tests.llm.fake_providers import Answer, FakeProvider, Sse, openai_frames
 
@@ -101,6 +102,11 @@ def collector() -> Iterator[tuple[Collector, str]]:
 def _respond(body: dict[str, Any]) -> Answer:
     """The fake's answers, by the asking agent's system prompt."""
     system = json.dumps(body["messages"][0])
+    if "Liaison." in system:
+        answered = [m["content"] for m in body["messages"] if m.get("tool_call_id") == "call_l1"]
+        if answered:
+            return Sse(openai_frames(f"The clerk says: {answered[0]}"))
+        return Sse(openai_frames("", [("call_l1", "clerk", '{"message": "invoice 7?"}')]))
     if "Triage." in system:
         return Sse(openai_frames("Over to billing.", [("call_t1", "transfer_to_billing", "{}")]))
     if "Billing." in system:
@@ -259,3 +265,80 @@ async def test_a_run_tree_is_exported_as_genai_spans_through_handoff_and_spawn(
     ]
     assert json.loads(t[ga.GEN_AI_TOOL_CALL_ARGUMENTS]) == {"question": "invoice 42?"}
     assert json.loads(t[ga.GEN_AI_TOOL_CALL_RESULT]) == [{"type": "text", "content": "Paid on Monday."}]
+
+
+async def test_an_a2a_hop_keeps_the_tree_one_trace(
+    nats_server: NatsServer, tmp_path: Path, collector: tuple[Collector, str]
+) -> None:
+    """``liaison``'s tool is the clerk served over A2A by a gateway: the A2A request carries the tool span's
+    ``traceparent``, the gateway starts the clerk's run under it, so the clerk's spans are in the caller's
+    trace, below its ``execute_tool`` span."""
+    store, endpoint = collector
+    token = "a2a-hop-token-0123456789"
+    async with FakeProvider(_respond) as fake:
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO),
+            "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint,
+            "OTEL_BSP_SCHEDULE_DELAY": "100",
+            "FAKE_OPENAI_URL": fake.base_url,
+            "A2A_GATEWAY_TOKEN": token,
+        }
+        cli = [sys.executable, "-m", "plexus.runtime.cli"]
+        gateway = subprocess.Popen(  # noqa: ASYNC220 - test setup: real processes
+            [*cli, "gateway", "--nats", nats_server.url, "--port", "0", "--token-hash", hash_token(token),
+             "--a2a-type", "clerk"],
+            stdout=subprocess.PIPE, stderr=(tmp_path / "gateway.log").open("wb"), env=env, cwd=REPO,
+        )  # fmt: skip
+        procs = [gateway]
+        try:
+            assert gateway.stdout is not None
+            line = (await asyncio.to_thread(gateway.stdout.readline)).decode()
+            env["A2A_GATEWAY_URL"] = line.split()[3]
+            procs += [
+                subprocess.Popen(  # noqa: ASYNC220 - test setup: real processes
+                    [*cli, *argv, "--nats", nats_server.url],
+                    stdout=(tmp_path / f"{argv[0]}.log").open("wb"),
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=REPO,
+                )
+                for argv in (["orchestrator"], ["worker", APP])
+            ]
+            rt = await Runtime.connect(nats_server.url)
+            try:
+                await rt.get("liaison", lazy=False, timeout=60)
+                run_id = await rt.start_run(AgentId("liaison", "bob"), [TextBlock(text="Is invoice 7 paid?")])
+                record = await rt.wait_run(run_id, timeout=60)
+                assert record.status == "completed", record
+                reply = await rt.run_result(run_id)
+                assert [b.text for b in reply if isinstance(b, TextBlock)] == [
+                    "The clerk says: Paid on Monday."
+                ]
+            finally:
+                await rt.close()
+
+            def arrived() -> bool:
+                names = {s["name"] for s in store.spans}
+                return {"invoke_agent clerk", "execute_tool clerk", "invoke_agent liaison"} <= names
+
+            async with asyncio.timeout(30):  # the worker's span batches arrive
+                while not arrived():  # noqa: ASYNC110 - filled by the collector's thread
+                    await asyncio.sleep(0.1)
+        finally:
+            for proc in procs:
+                proc.terminate()
+                proc.wait(timeout=30)
+
+    root = next(s for s in store.spans if s["name"] == "invoke_agent liaison")
+    by_id = {s["id"]: s for s in store.spans if s["trace"] == root["trace"]}
+    clerk = [s for s in by_id.values() if s["name"] == "invoke_agent clerk"]
+    assert len(clerk) == 1, sorted(s["name"] for s in by_id.values())
+    path = []
+    span = clerk[0]
+    while span["parent"] in by_id:
+        span = by_id[span["parent"]]
+        path.append(span["name"])
+    # The remote run's loop is below the tool span that made the A2A call, itself in liaison's loop.
+    assert path.index("execute_tool clerk") < path.index("invoke_agent liaison"), path
+    assert clerk[0]["attributes"][ga.GEN_AI_AGENT_NAME] == "clerk"

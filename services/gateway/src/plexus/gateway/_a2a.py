@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any, NoReturn
 
 import msgspec
@@ -58,6 +58,8 @@ from a2a.types import (
 )
 from a2a.utils.errors import ExtendedAgentCardNotConfiguredError
 from google.protobuf.json_format import MessageToDict  # type: ignore[import-untyped]
+from opentelemetry import context as otel_context
+from opentelemetry import propagate
 
 from plexus.core import AgentId, AgentProgress, KernelError, RunId, TextBlock, content_block_from_dict
 from plexus.runtime import Runtime
@@ -181,7 +183,7 @@ class A2AHandler(RequestHandler):
         return message
 
     # -- sending --------------------------------------------------------------------------------------
-    async def _send(self, params: SendMessageRequest) -> dict[str, Any]:
+    async def _send(self, params: SendMessageRequest, context: ServerCallContext) -> dict[str, Any]:
         """Start the run (or answer the pending approval of ``message.task_id``); its record as it is."""
         message = params.message
         if message.task_id:
@@ -194,7 +196,8 @@ class A2AHandler(RequestHandler):
             raise InvalidParamsError(f"context_id: {exc}") from None
         run_id = str(RunId.new())
         try:
-            await self.rt.start_run(agent_id, blocks, run_id=run_id)
+            with _caller_trace(context):
+                await self.rt.start_run(agent_id, blocks, run_id=run_id)
         except KernelError as exc:
             _raise(exc)
         record = await self.runs.record(run_id)
@@ -226,7 +229,7 @@ class A2AHandler(RequestHandler):
             return await self.runs.record(str(record["run_id"])) or record
 
     async def on_message_send(self, params: SendMessageRequest, context: ServerCallContext) -> Task:
-        record = await self._send(params)
+        record = await self._send(params, context)
         if not params.configuration.return_immediately:
             record = await self._settle(record, self.wait_s)
         return await self._task(record)
@@ -234,7 +237,7 @@ class A2AHandler(RequestHandler):
     async def on_message_send_stream(
         self, params: SendMessageRequest, context: ServerCallContext
     ) -> AsyncGenerator[Event]:
-        record = await self._send(params)
+        record = await self._send(params, context)
         async for event in self._follow(record):
             yield event
 
@@ -351,6 +354,19 @@ class A2AHandler(RequestHandler):
         self, params: GetExtendedAgentCardRequest, context: ServerCallContext
     ) -> AgentCard:
         raise ExtendedAgentCardNotConfiguredError
+
+
+@contextlib.contextmanager
+def _caller_trace(context: ServerCallContext) -> Iterator[None]:
+    """The caller's W3C trace context (``traceparent`` / ``tracestate`` headers) as the current one while
+    the run starts: the start request carries it on, so the run's spans join the caller's trace (an
+    `A2AAgent` tool call's span is then the remote run's ancestor)."""
+    headers = context.state.get("headers") or {}
+    token = otel_context.attach(propagate.extract(headers))
+    try:
+        yield
+    finally:
+        otel_context.detach(token)
 
 
 def _decision(message: Message, awaiting: list[str]) -> tuple[str, bool, str]:
