@@ -379,6 +379,15 @@ def main() -> int:
                 result = procs.client("plexus-durability", dur_cmd, client_timeout)
             metrics.update(result["metrics"])
             client_info["plexus-durability"] = result["info"]
+            print(
+                "bench: durable timers (a burst due within one second, the cost of pending ones) …",
+                flush=True,
+            )
+            with phase(logs, env) as procs:
+                timers_cmd = [py, "-m", "bench.timers_bench", "--mode", mode]
+                result = procs.client("plexus-timers", timers_cmd, client_timeout)
+            metrics.update(result["metrics"])
+            client_info["plexus-timers"] = result["info"]
         if autogen_python is not None:
             print("bench: AutoGen gRPC …", flush=True)
             address = f"127.0.0.1:{_free_port()}"
