@@ -11,9 +11,10 @@ from playwright.async_api import Page, expect
 
 from plexus.gateway import hash_token
 
-from . import test_dashboard
+from . import apps_transcript, test_dashboard
 from .conftest import TOKEN, Stack
 
+assert apps_transcript.app.get("tx-flaky") is not None  # imported for the agent types it registers
 browser = test_dashboard.browser  # the Chromium fixtures
 tab = test_dashboard.page  # a page of its own context, failing on JavaScript errors
 
@@ -76,7 +77,7 @@ async def test_the_transcript_shows_each_approval_with_who_decided(gw: Stack, ta
     """Two gated turns of a run: the first decided by the bearer token (its identity by default), the second
     denied with an explicit ``decided_by``; the route and the view name the decider of each."""
     started = await gw.client.post(
-        "/v1/runs", json={"agent_id": "doorman/ui-ap", "input": [{"type": "text", "text": "open both"}]}
+        "/v1/runs", json={"agent_id": "tx-gated/ui-ap", "input": [{"type": "text", "text": "open both"}]}
     )
     run_id = started.json()["run_id"]
     await gw.rt.wait_run(run_id, timeout=30, until=("awaiting_approval",))
@@ -99,7 +100,31 @@ async def test_the_transcript_shows_each_approval_with_who_decided(gw: Stack, ta
 
     page = tab
     await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}&node={run_id}")
-    await expect(page.locator("#d-title")).to_have_text("doorman/ui-ap")
+    await expect(page.locator("#d-title")).to_have_text("tx-gated/ui-ap")
     await page.locator("#d-transcript").click()
     approvals = page.locator("#tx-main .tx-approval")
     await expect(approvals).to_have_text([f"approved call_0 by {token}", "denied call_0 by alice: not now"])
+
+
+async def test_the_transcript_shows_a_turns_provider_retries(gw: Stack, tab: Page) -> None:
+    """A 429 on the first call of a turn is retried in the handler (ProviderRetry): the route and the view
+    show the failed attempt, its error and the wait, on the turn it belongs to."""
+    started = await gw.client.post(
+        "/v1/runs", json={"agent_id": "tx-flaky/ui-rt", "input": [{"type": "text", "text": "hello"}]}
+    )
+    run_id = started.json()["run_id"]
+    assert (await gw.rt.wait_run(run_id, timeout=30)).status == "completed"
+    shown = (await gw.client.get(f"/v1/runs/{run_id}/transcript")).json()
+    (turn,) = shown["messages"][0]["turns"]
+    assert turn["retries"] == [
+        {"attempt": 1, "error_type": "RateLimitError", "message": "slow down", "wait_s": 0.05}
+    ]
+
+    page = tab
+    await page.goto(f"{gw.url}/?token={TOKEN}#run={run_id}&node={run_id}")
+    await expect(page.locator("#d-title")).to_have_text("tx-flaky/ui-rt")
+    await page.locator("#d-transcript").click()
+    await expect(page.locator("#tx-main .tx-turn .tx-retry")).to_have_text(
+        "retry after attempt 1: RateLimitError: slow down (waited 0.05 s)"
+    )
+    await expect(page.locator("#tx-main .tx-model .tx-text")).to_have_text("Recovered.")

@@ -25,6 +25,7 @@ from plexus.runtime import Agent, Context
 from ._accumulate import ModelTurn
 from ._client import ModelClient, ModelRequest
 from ._errors import ProviderUnavailableError, RateLimitError
+from ._retried import retried
 from ._settings import ModelSettings
 
 __all__ = [
@@ -144,6 +145,7 @@ class ProviderRetry(Middleware):
                 after = getattr(exc, "retry_after_s", None)
                 wait = min(self.max_s, self.base_s * 2**attempt if after is None else after)
                 log.info("model call failed (%s); retry %d in %.2f s", exc.error_type, attempt + 1, wait)
+                context.ctx.record(retried(attempt + 1, exc, wait))  # shown in the transcript
                 await context.ctx.check()
                 await self.sleep(wait)
                 attempt += 1

@@ -41,8 +41,8 @@ class JournalReplay:
     """The `ReplayHook` of the journal (``<type>.llm-journal``)."""
 
     log_suffix = _JOURNAL_SUFFIX
-    #: Written by a model call, which a replay takes from the journal instead of making.
-    own_entry_types = frozenset({"llm.call"})
+    #: Written by a model call (and its provider retries), which a replay takes from the journal instead.
+    own_entry_types = frozenset({"llm.call", "llm.retry"})
 
     def shown(self, entry: dict[str, Any]) -> bool:
         # Model turns carry their finish reason; tool steps do not and are run again.

@@ -2,9 +2,10 @@
 
 Read from what is stored, never from a worker: the loop's journal (``<type>.llm-journal/<key>``,
 docs/llm.md: every model turn and tool step as it completes, so the view is live) and the agent's EventLog
-(its handled messages, and the ``RunLlmCall`` records committed with each: model and latency; the
-``llm.approval`` record of a decision it took: the call, the verdict and who decided). The gateway
-does not import plexus.llm: entries are read as the JSON they are stored as.
+(its handled messages, and the records committed with each: ``llm.call``, a model call's model and
+latency; ``llm.retry``, a failed attempt of it that was retried; ``llm.approval``, a decision the agent took:
+the call, the verdict and who decided). The gateway does not import plexus.llm: entries are read as the
+JSON they are stored as.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ async def agent_transcript(rt: Runtime, record: dict[str, Any], agent: AgentId) 
         if received is None or received.get("run_id") != run_id:
             continue
         order.append(received["message_id"])
-        in_run[received["message_id"]] = [e for e in entries if e.get("type") == "llm.call"]
+        in_run[received["message_id"]] = _calls(entries)
         decisions[received["message_id"]] = [_decision(e) for e in entries if e.get("type") == "llm.approval"]
     steps: dict[str, dict[int, dict[str, Any]]] = {}
     for _seq, entry in journal:
@@ -98,6 +99,7 @@ def _message(
                     "model": None,
                     "latency_s": None,
                     "tools": None,
+                    "retries": [],
                 }
             )
         elif turns:
@@ -107,6 +109,7 @@ def _message(
     for turn, call in zip(reversed(turns), reversed(calls or []), strict=False):
         turn["model"] = call.get("model")
         turn["latency_s"] = call.get("duration_s")
+        turn["retries"] = call["retries"]
     return {"message_id": message_id, "index": index, "committed": calls is not None, "turns": turns}
 
 
@@ -119,3 +122,17 @@ def _decision(entry: dict[str, Any]) -> dict[str, Any]:
         "decided_by": entry.get("decided_by"),
         "at": entry.get("timestamp"),
     }
+
+
+def _calls(entries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The model calls a message committed (``llm.call``), each with the provider retries (``llm.retry``,
+    logged before it) of its failed attempts."""
+    calls: list[dict[str, Any]] = []
+    retries: list[dict[str, Any]] = []
+    for entry in entries:
+        if entry.get("type") == "llm.retry":
+            retries.append({k: entry.get(k) for k in ("attempt", "error_type", "message", "wait_s")})
+        elif entry.get("type") == "llm.call":
+            calls.append({**entry, "retries": retries})
+            retries = []
+    return calls

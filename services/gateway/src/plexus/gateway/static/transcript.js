@@ -172,7 +172,12 @@ function renderTurn(turn, forkable, forkedAt) {
     b.onclick = () => showEditor(turn.turn);
     head.append(" ", b);
   }
-  div.append(head, renderItem(turn.item, "tx-model"));
+  div.append(head);
+  // The provider retries of this turn's model call (each failed attempt and its error), before its answer.
+  for (const r of turn.retries || []) {
+    div.append(text("div", `retry after attempt ${r.attempt}: ${r.error_type}${r.message ? `: ${r.message}` : ""} (waited ${r.wait_s} s)`, "tx-retry"));
+  }
+  div.append(renderItem(turn.item, "tx-model"));
   if (turn.tools) div.append(renderItem(turn.tools, "tx-tools"));
   if (forkedAt && turn.turn === (forkedAt.turn ?? 0)) div.append(text("div", "forked here", "tx-forked-here"));
   return div;
