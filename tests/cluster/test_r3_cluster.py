@@ -89,6 +89,7 @@ async def test_every_stream_and_bucket_has_the_topologys_replicas(
             names.progress_stream,
             names.dlq_stream,
             names.counters_stream,
+            names.schedules_stream,
             *(
                 f"KV_{bucket}"
                 for bucket in (

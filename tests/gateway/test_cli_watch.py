@@ -60,8 +60,10 @@ async def test_watch_json_into_head_exits_0_without_a_traceback(gw: Stack) -> No
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 0, err.decode()
+    # Quiet: no traceback, no broken-pipe report (a log line of the client's own, say a topology notice, may be).
     assert "Traceback" not in err.decode()
-    assert err.decode() == ""
+    assert "BrokenPipe" not in err.decode()
+    assert "Broken pipe" not in err.decode()
     (line,) = out.decode().splitlines()
     assert json.loads(line)["event"] == "snapshot"
     # head left while the tree was still running: the pipe really was closed under the writer.
