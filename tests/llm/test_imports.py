@@ -26,3 +26,8 @@ def test_a_gemini_model_imports_the_google_genai_sdk_only() -> None:
         "from google import genai\nimport plexus.llm\nplexus.llm.GeminiModel(genai.Client(api_key='k'), 'm')"
     )
     assert modules_after(code, SDKS) == {"openai": False, "anthropic": False, "google.genai": True}
+
+
+def test_importing_plexus_llm_imports_no_a2a_sdk_until_a_remote_agent_is_used() -> None:
+    code = "import plexus.llm\nplexus.llm.A2AAgent('http://127.0.0.1:9/a2a/x', 'token')"
+    assert modules_after(code, ("a2a", "httpx")) == {"a2a": False, "httpx": False}
