@@ -15,7 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from plexus.runtime import Runtime
 from plexus.runtime.orchestration import ORCH_SERVICE_NAME
 
-from . import _api_fork, _api_runs, _api_sessions
+from . import _api_fork, _api_runs, _api_schedules, _api_sessions
 from ._a2a_routes import install_a2a
 from ._access import RateLimiter, TokenRegistry
 from ._config import GatewayConfig
@@ -64,6 +64,7 @@ def create_app(runtime: Runtime, config: GatewayConfig | None = None) -> FastAPI
     install_openapi(app)
     app.include_router(_api_fork.router)
     app.include_router(_api_runs.router)
+    app.include_router(_api_schedules.router)
     app.include_router(_api_sessions.router)
     install_a2a(app, gw)
     app.add_middleware(BodyLimit, max_bytes=gw.config.max_body_bytes)

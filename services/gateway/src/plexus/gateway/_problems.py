@@ -36,9 +36,11 @@ PROBLEM_JSON = "application/problem+json"
 _KERNEL_STATUS: dict[str, int] = {
     "AgentNotFoundError": 404,
     "RunNotFoundError": 404,
+    "ScheduleNotFoundError": 404,
     "ForkPointNotFoundError": 404,
     "InvalidForkError": 422,
     "InvalidRunRequest": 422,
+    "InvalidScheduleError": 422,
     "ProtocolError": 422,
     "PayloadTooLargeError": 413,
     "SubjectTooLongError": 422,
@@ -49,6 +51,8 @@ _KERNEL_STATUS: dict[str, int] = {
     "CancellationError": 409,
     "BudgetExhaustedError": 409,
     "SpawnDenied": 409,
+    # A limit that no wait lifts (unlike a rate): 409 until a scheduled run is deleted, not 429.
+    "TooManySchedulesError": 409,
     "ReplyTimeoutError": 504,
     "ServiceUnavailableError": 503,
 }
@@ -85,8 +89,8 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     }
     for status, why in [
         (401, "missing or unknown bearer token"),
-        (404, "no such agent, run, session or memory key"),
-        (409, "the run's state does not allow it"),
+        (404, "no such agent, run, session, memory key or scheduled run"),
+        (409, "the run's state does not allow it, or a limit (scheduled runs) is reached"),
         (413, "request body too large"),
         (422, "the request does not match the schema (the body is not JSON, or not UTF-8, included)"),
         (429, "over the caller's rate limit: try again after `Retry-After` seconds"),

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NewType
 
-from croniter import croniter  # type: ignore[import-untyped]
+from croniter import CroniterBadDateError, croniter  # type: ignore[import-untyped]
 from nats.js.api import StorageType, StreamConfig, StreamSource, SubjectTransform
 
 from plexus.core import KernelError
@@ -249,6 +249,23 @@ def every_spec(every: datetime.timedelta) -> str:
     return f"@every {ms // 1000}s" if ms % 1000 == 0 else f"@every {ms}ms"
 
 
+def _check_fires(cron: str, expr: str) -> None:
+    """What croniter takes but nats-server refuses ("message schedules pattern is invalid"): a range that
+    runs backwards (``5-2``), a day of the week 7 (the server's are 0-6, Sunday 0) and a date that never
+    comes (``0 0 31 2 *``)."""
+    for index, part in enumerate(expr.split(" ")):
+        for item in part.split(","):
+            low, dash, high = item.partition("/")[0].partition("-")
+            if dash and low.isdigit() and high.isdigit() and int(low) > int(high):
+                raise InvalidScheduleError(f"cron {cron!r} has a range that runs backwards ({low}-{high})")
+            if index == 5 and any(n.isdigit() and int(n) > 6 for n in (low, high)):
+                raise InvalidScheduleError(f"cron {cron!r}: a day of the week is 0-6 (Sunday is 0)")
+    try:
+        croniter(expr, datetime.datetime.now(datetime.UTC), second_at_beginning=True).get_next(float)
+    except CroniterBadDateError:
+        raise InvalidScheduleError(f"cron {cron!r} never fires (a date that does not exist)") from None
+
+
 def cron_spec(cron: str, tz: str | None) -> tuple[str, str | None]:
     """The server's cron (6 fields, seconds first) for a 5-field (minute first) or 6-field expression or a
     predefined one (``@daily``…), and the checked IANA time zone."""
@@ -266,6 +283,7 @@ def cron_spec(cron: str, tz: str | None) -> tuple[str, str | None]:
             raise InvalidScheduleError(f"cron {cron!r} must have 5 fields (or 6, seconds first)")
         if not croniter.is_valid(expr, second_at_beginning=True):
             raise InvalidScheduleError(f"cron {cron!r} is not a valid cron expression")
+        _check_fires(cron, expr)
     if tz is not None:
         try:
             zoneinfo.ZoneInfo(tz)
