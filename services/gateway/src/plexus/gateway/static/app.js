@@ -531,12 +531,14 @@ async function refreshWorkers() {
 function route() {
   const hash = new URLSearchParams(location.hash.slice(1));
   loadRuns().catch((err) => console.warn(err));
-  if (location.hash === "#workers") {
-    $("workers-pane").hidden = false;
-    $("tree-pane").hidden = true;
+  const page = ["#workers", "#schedules"].includes(location.hash) ? location.hash : ""; // schedules.js: its own
+  $("workers-pane").hidden = page !== "#workers";
+  if (page) $("tree-pane").hidden = true;
+  if (page === "#workers") {
     refreshWorkers();
   } else if (hash.get("run")) {
     if (!state || state.rootId !== hash.get("run")) openTree(hash.get("run"), hash.get("node"));
+    else $("tree-pane").hidden = false;
   }
 }
 window.addEventListener("hashchange", route);
