@@ -20,7 +20,6 @@ from pydantic import BaseModel
 from plexus.core import (
     AgentStep,
     BaseBlock,
-    CancellationError,
     DataBlock,
     FinishReasonKind,
     Item,
@@ -35,7 +34,8 @@ from plexus.core import (
 )
 from plexus.runtime import Agent, Context
 
-from ._accumulate import ModelTurn, TurnAccumulator
+from ._accumulate import ModelTurn
+from ._agent_setup import check_limits, check_settings, middleware_stages
 from ._approvals import (
     PENDING_KEY,
     ApprovalPendingError,
@@ -46,17 +46,17 @@ from ._approvals import (
 )
 from ._client import ModelClient, ModelRequest
 from ._compaction import CompactionPipeline
+from ._conversation import TRANSCRIPT_KEY, Conversation, check_size
 from ._decided import record_decision
-from ._errors import ProviderError, TranscriptTooLargeError
-from ._events import ReasoningDeltaEvent, TextDeltaEvent
+from ._errors import ProviderError
 from ._fork import FORK_KEY, apply_fork, forked
 from ._genai import GenAITelemetry
 from ._handoff import Handoffs, HandoffTarget, handed_back, handed_over
 from ._journal import JOURNAL_SEQ_KEY, Journal, collect_outcome
-from ._memo import encode_json, transcript_bytes, transcript_json
 from ._middleware import MessageCall, Middleware, ModelCall, ProviderRetry, Turn, chain
+from ._modelturn import race_cancellation, stream_turn
 from ._output import StructuredOutput
-from ._settings import TOOL_CHOICES, ModelSettings
+from ._settings import ModelSettings
 from ._tools import Tool, ToolRegistry
 from ._toolsource import ToolSource, ToolSources, split_sources
 from ._toolstep import ToolStep
@@ -65,8 +65,6 @@ __all__ = ["FINISH_KEY", "TRANSCRIPT_KEY", "LLMAgent", "ModelFinishedWithError"]
 
 log = logging.getLogger("plexus.llm")
 
-#: Agent state key of the conversation so far (a list of item dicts), kept across messages.
-TRANSCRIPT_KEY = "plexus.llm.transcript"
 #: Metadata key on the reply's blocks: why the loop stopped (a FinishReasonKind value or ``max_turns``).
 FINISH_KEY = "plexus.llm.finish"
 
@@ -129,12 +127,7 @@ class LLMAgent(Agent):
         telemetry: GenAITelemetry | None = _DEFAULT_TELEMETRY,
     ) -> None:
         super().__init__()
-        if max_turns < 1:
-            raise ValueError(f"max_turns must be >= 1, got {max_turns}")
-        if not check_max_age >= 0:
-            raise ValueError(f"check_max_age must be >= 0, got {check_max_age}")
-        if max_transcript_bytes is not None and max_transcript_bytes < 1:
-            raise ValueError(f"max_transcript_bytes must be >= 1 or None, got {max_transcript_bytes}")
+        check_limits(max_turns, check_max_age, max_transcript_bytes)
         self.max_transcript_bytes = max_transcript_bytes
         self.check_max_age = check_max_age
         self.model = model
@@ -156,24 +149,15 @@ class LLMAgent(Agent):
         self.journal_enabled = journal
         self.compaction = compaction
         self.middleware = list(middleware)
-        own = any(isinstance(m, ProviderRetry) for m in self.middleware)
-        #: The model stage's chain: the default retry outermost, so each retry passes the other middleware.
-        self._model_middleware = (
-            self.middleware if own or provider_retry is None else [provider_retry, *self.middleware]
+        self._model_middleware, self._tool_middleware, self._message_middleware = middleware_stages(
+            self.middleware, provider_retry, telemetry
         )
-        if telemetry is not None and not any(isinstance(m, GenAITelemetry) for m in self.middleware):
-            self._model_middleware = [*self._model_middleware, telemetry]
-            self._tool_middleware = self._message_middleware = [*self.middleware, telemetry]
-        else:
-            self._tool_middleware = self._message_middleware = self.middleware
         #: Decisions on approval-gated calls while a resumed tool step runs (call id -> decision).
         self._decisions: dict[str, dict[str, Any]] = {}
         #: Where this activation saw the journal end after its last completed message (None: unknown).
         self._journal_end: int | None = None
         self._message_usage = Usage()  # the current message's model usage (progress metadata)
-        #: The state's transcript as this activation last wrote it, its JSON and its items: the next message
-        #: takes the items as they are instead of validating every one again (while the state holds that).
-        self._kept: tuple[list[Any], bytes, list[Item]] | None = None
+        self._conversation = Conversation()
         self._system: list[Item] = []
         self._journal: Journal | None = None  # the current message's journal
         #: A journal write a failed handling left in flight: the next handling waits for it to end first,
@@ -205,7 +189,7 @@ class LLMAgent(Agent):
         journal = self._journal = await self._open(ctx)
         if self._tool_sources is not None:
             self.tools = await self._tool_sources.registry()
-        history = self._history()
+        history = self._conversation.history(self.state)
         decision = approval_of(blocks)
         pending = self.state.get(PENDING_KEY)
         step = 0
@@ -260,7 +244,7 @@ class LLMAgent(Agent):
                 # Deterministic strategies give the same result when a crash-retried handler replays.
                 last_input = last.usage.input_tokens if last is not None else None
                 items = await self.compaction.run(items, last_input, model=self.model, request=self._request)
-            self._check_size(items)
+            check_size(items, self.max_transcript_bytes)
             outcome: list[ModelTurn | Item] = []
             iteration = functools.partial(self._iteration, journal=journal, step=step, outcome=outcome)
             await chain("turn", self.middleware, iteration)(Turn(ctx, tuple(items), turns))
@@ -310,7 +294,7 @@ class LLMAgent(Agent):
             finish = "handoff"  # the target's answer is the reply
         # Every step stored before the state takes the transcript: a failed append leaves the state as it was.
         end = await journal.settle() if journal is not None else None
-        self._keep(items)
+        self._conversation.keep(self.state, items)
         if end is not None:
             self.state[JOURNAL_SEQ_KEY] = self._journal_end = end
         await ctx.emit_progress(
@@ -340,56 +324,10 @@ class LLMAgent(Agent):
         return journal
 
     def _check_settings(self) -> None:
-        """Refuse, now, settings the model's provider cannot honour (its adapter's ``check_settings`` raises
-        `UnsupportedSettingError`) and a ``tool_choice`` naming no tool of this agent."""
-        choice = self.settings.tool_choice
-        handoff = self.handoffs is not None and self.handoffs.get(choice or "") is not None
-        if (
-            choice is not None
-            and choice not in TOOL_CHOICES
-            and self.tools.get(choice) is None
-            and not handoff
-        ):
-            raise ValueError(
-                f"settings.tool_choice {choice!r} is none of {TOOL_CHOICES} nor a tool of this agent"
-            )
-        check = getattr(self.model, "check_settings", None)
-        if check is not None:
-            request = ModelRequest(
-                items=(), max_tokens=self.max_tokens, temperature=self.temperature, settings=self.settings
-            )
-            check(request)
-
-    def _check_size(self, items: list[Item]) -> None:
-        """Refuse a model call whose turn the agent's state could not store (it is committed whole, and a
-        NATS message holds 1 MiB by default): the call would be paid for, then the commit fail, every time."""
-        limit = self.max_transcript_bytes
-        if limit is None:
-            return
-        size = transcript_bytes(items)
-        if size > limit:
-            raise TranscriptTooLargeError(
-                f"the conversation is {size} bytes of JSON, over max_transcript_bytes={limit}: compact it "
-                "(LLMAgent(compaction=CompactionPipeline([...], max_bytes=...))) or go on under a new key",
-                size,
-                limit,
-            )
-
-    def _history(self) -> list[Item]:
-        """The conversation so far: the items this activation kept last time when the state still holds
-        what it wrote then, else validated from the state (a new activation, a restored or edited state)."""
-        raw = self.state.get(TRANSCRIPT_KEY, [])
-        kept = self._kept
-        # The JSON is compared, not only the list: an item's dict may have been changed in place. Encoding
-        # costs a thirtieth of validating (0.04 against 1.3 ms for 200 items).
-        if kept is not None and kept[0] is raw and encode_json(raw) == kept[1]:
-            return list(kept[2])
-        return [Item.model_validate(d) for d in raw]
-
-    def _keep(self, items: list[Item]) -> None:
-        """Put the conversation into the state, each item dumped once while it lives."""
-        raw = self.state[TRANSCRIPT_KEY] = transcript_json(items)
-        self._kept = (raw, encode_json(raw), list(items))
+        """Refuse, now, settings the model cannot honour (`check_settings`; a fork's too, `_fork.py`)."""
+        check_settings(
+            self.model, self.settings, self.tools, self.handoffs, self.max_tokens, self.temperature
+        )
 
     def _usage_meta(self) -> dict[str, Any]:
         """This message's model usage so far, for progress events: viewers show it per agent, live."""
@@ -420,7 +358,7 @@ class LLMAgent(Agent):
         pending: dict[str, Any] = {"calls": calls, "decisions": {}, "suspension": suspension}
         end = await journal.settle() if journal is not None else None  # stored before the state parks
         self.state[PENDING_KEY] = pending
-        self._keep(items)
+        self._conversation.keep(self.state, items)
         if end is not None:
             self.state[JOURNAL_SEQ_KEY] = self._journal_end = end
         waiting = [c for c in turn.tool_calls if c.call_id in calls]
@@ -482,7 +420,7 @@ class LLMAgent(Agent):
         started = time.monotonic()
 
         async def call_model(call: ModelCall) -> ModelTurn:
-            return await _race_cancellation(ctx, self._stream_turn(ctx, call.request))
+            return await race_cancellation(ctx, stream_turn(ctx, self.model, call.request))
 
         call = chain("model", self._model_middleware, call_model)
         if journal is not None:
@@ -507,16 +445,6 @@ class LLMAgent(Agent):
             await journal.append(step, turn.item, turn.usage, turn.finish_reason)
         return turn
 
-    async def _stream_turn(self, ctx: Context, request: ModelRequest) -> ModelTurn:
-        acc = TurnAccumulator()
-        async for event in self.model.stream(request):
-            acc.add(event)
-            if isinstance(event, TextDeltaEvent) and event.text:
-                await ctx.stream(event.text)
-            elif isinstance(event, ReasoningDeltaEvent) and event.text:
-                await ctx.stream(event.text, reasoning=True)
-        return acc.finish(metadata={"plexus.llm.model": self.model.model})
-
     def _system_items(self) -> list[Item]:
         """The system prompt's item: one object while the prompt stays (its conversion is kept with it)."""
         if not self.system:
@@ -538,20 +466,6 @@ class LLMAgent(Agent):
         if journal is not None:
             await journal.append(step, item)
         return item
-
-
-async def _race_cancellation(ctx: Context, work: Any) -> ModelTurn:
-    """Await ``work`` unless the run is cancelled first; then stop it and raise CancellationError."""
-    task: asyncio.Task[ModelTurn] = asyncio.ensure_future(work)
-    registration = ctx.cancellation.add_callback(lambda _reason: task.cancel())
-    try:
-        return await task
-    except asyncio.CancelledError:
-        if ctx.cancellation.is_cancelled:
-            raise CancellationError(ctx.cancellation.reason or "cancelled") from None
-        raise
-    finally:
-        registration.unregister()
 
 
 def _awaiting(pending: dict[str, Any], made: Sequence[BaseBlock]) -> list[BaseBlock]:

@@ -29,6 +29,7 @@ from plexus.core import BaseBlock, DataBlock, FinishReasonKind, Item, ItemKind, 
 from plexus.runtime import ForkPointNotFoundError, ForkSource, ForkStart, InvalidForkError
 
 from ._approvals import PENDING_KEY
+from ._conversation import TRANSCRIPT_KEY
 from ._journal import JOURNAL_SEQ_KEY, LlmStep, journal_id
 from ._memo import item_json
 from ._settings import ModelSettings
@@ -40,10 +41,8 @@ __all__ = ["FORK_KEY", "apply_fork", "fork_hook", "forked"]
 
 #: The fork's DataBlock key, and the agent state key of its edited system prompt and settings.
 FORK_KEY = "plexus.llm.fork"
-#: `_agent.TRANSCRIPT_KEY` (that module imports this one).
-_TRANSCRIPT = "plexus.llm.transcript"
 #: State keys of the loop that the fork's block replaces or a new agent starts without.
-_LOOP_KEYS = (_TRANSCRIPT, JOURNAL_SEQ_KEY, PENDING_KEY)
+_LOOP_KEYS = (TRANSCRIPT_KEY, JOURNAL_SEQ_KEY, PENDING_KEY)
 
 
 async def fork_hook(source: ForkSource) -> ForkStart | None:
@@ -52,7 +51,7 @@ async def fork_hook(source: ForkSource) -> ForkStart | None:
         r.entry for r in await source.read_log(journal_id(source.agent_id)) if isinstance(r.entry, LlmStep)
     ]
     states = [s for m in source.messages for s in (m.state_before, m.state_after) if s]
-    if not journal and not any(_TRANSCRIPT in s for s in states):
+    if not journal and not any(TRANSCRIPT_KEY in s for s in states):
         return None
     edit = source.edit
     settings: dict[str, Any] | None = None
@@ -110,14 +109,14 @@ def _base(
 ) -> list[Item]:
     """What the model saw before the message's first turn (the system prompt aside)."""
     if after is not None and steps:
-        transcript = after.get(_TRANSCRIPT, [])
+        transcript = after.get(TRANSCRIPT_KEY, [])
         first = item_json(steps[0].item)
         for i, raw in enumerate(transcript):
             if raw == first:
                 return [Item.model_validate(d) for d in transcript[:i]]
     if before is None:
         raise _not_found(source, "the agent's transcript before this message is not recorded")
-    items = [Item.model_validate(d) for d in before.get(_TRANSCRIPT, [])]
+    items = [Item.model_validate(d) for d in before.get(TRANSCRIPT_KEY, [])]
     if source.input and not source.messages[: source.point.message]:
         items.append(Item(kind=ItemKind.USER, blocks=list(source.input)))
     return items
