@@ -29,10 +29,10 @@ from nats.js import api as js_api
 from plexus.core import AgentId, AgentProgress, MessageId, RunMessageReceived, TextBlock
 from plexus.runtime import Runtime
 from plexus.runtime.client._supervisor import new_root_run
+from plexus.runtime.store._consumer_records import ConsumerRecords
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.wire._envelope import RunInfo
 from plexus.runtime.wire._subjects import consumer_name, inbox_partition, lease_key
-from plexus.runtime.worker._earlier_consumers import partition_consumers
 from plexus.runtime.worker._partitions import _Puller
 
 from .apps_failover import app as ledger_app
@@ -313,7 +313,8 @@ async def test_handler_longer_than_ack_wait_runs_once(
     assert len(await _invocations(rt, run)) == 1
     partition = inbox_partition("long", rt.partitions)
     stream = rt.topology.names.inbox_stream
-    (name,) = await partition_consumers(rt.nc, rt.js, stream, rt.subjects, "slow", partition)
+    name, _ = await ConsumerRecords(rt.topology.consumers, rt.namespace).read("slow", partition)
+    assert name is not None
     info = await rt.js.consumer_info(stream, name)
     assert info.delivered is not None
     # Two messages, two deliveries: without keep-alives the long one is delivered again every ack_wait

@@ -9,6 +9,7 @@ import nats
 from nats.aio.msg import Msg
 from nats.js import api as js_api
 
+from plexus.runtime.store._consumer_records import ConsumerRecords
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.wire._subjects import Subjects
 from plexus.runtime.worker._partitions import PartitionOwner
@@ -32,6 +33,7 @@ async def test_a_handover_racing_a_lease_renewal_still_frees_the_lease(nats_url:
             )
         )
         kv = await js.create_key_value(bucket="handover_leases", history=1, ttl=30)
+        records = await js.create_key_value(js_api.KeyValueConfig(bucket="handover_consumers", direct=True))
         live = ["w-a"]  # alone: its share is the one partition
 
         async def live_workers() -> list[str]:
@@ -44,6 +46,7 @@ async def test_a_handover_racing_a_lease_renewal_still_frees_the_lease(nats_url:
             nc=nc,
             js=js,
             leases=LeaseManager(kv, "w-a", 30),
+            consumers=ConsumerRecords(records, subjects.namespace),
             subjects=subjects,
             stream=STREAM,
             agent_type="echo",

@@ -26,9 +26,9 @@ import pytest
 from plexus.core import AgentId, BaseBlock, KernelError, SpawnBudget, TextBlock
 from plexus.runtime import Agent, App, Context, NatsServer, PayloadTooLargeError, Runtime
 from plexus.runtime.client._cluster import ServiceUnavailableError
+from plexus.runtime.store._consumer_records import ConsumerRecords
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.wire._subjects import inbox_partition, lease_key
-from plexus.runtime.worker._earlier_consumers import partition_consumers
 
 from .conftest import REPO, StartWorker
 
@@ -189,7 +189,8 @@ async def test_failed_commit_keeps_fifo_and_ends_as_typed_error_after_bounded_at
     # Both messages end acked: nothing left to redeliver, so the handler never runs again.
     stream = rt.topology.names.inbox_stream
     partition = inbox_partition("k", rt.partitions)
-    (durable,) = await partition_consumers(rt.nc, rt.js, stream, rt.subjects, "acc", partition)
+    durable, _ = await ConsumerRecords(rt.topology.consumers, rt.namespace).read("acc", partition)
+    assert durable is not None
 
     async def drained() -> bool:
         info = await rt.js.consumer_info(stream, durable)

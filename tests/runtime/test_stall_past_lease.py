@@ -20,7 +20,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
+from nats.js.kv import KeyValue
 
+from plexus.runtime.store._consumer_records import ConsumerRecords
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.wire._subjects import Subjects
 from plexus.runtime.worker._partitions import PartitionOwner
@@ -63,7 +65,13 @@ class _Recorder:
 
 
 def _owner(
-    nc: NATS, js: JetStreamContext, kv: object, worker: str, subjects: Subjects, recorder: _Recorder
+    nc: NATS,
+    js: JetStreamContext,
+    kv: object,
+    records: KeyValue,
+    worker: str,
+    subjects: Subjects,
+    recorder: _Recorder,
 ) -> PartitionOwner:
     async def live_workers() -> list[str]:
         return [worker]  # each thinks itself alone: the share is the one partition
@@ -72,6 +80,7 @@ def _owner(
         nc=nc,
         js=js,
         leases=LeaseManager(kv, worker, TTL_S),  # type: ignore[arg-type]
+        consumers=ConsumerRecords(records, subjects.namespace),
         subjects=subjects,
         stream=STREAM,
         agent_type="echo",
@@ -101,9 +110,10 @@ async def test_a_worker_stalled_past_its_lease_never_takes_the_new_owners_messag
             )
         )
         kv = await js.create_key_value(bucket="stall_leases", history=1, ttl=TTL_S)
+        records = await js.create_key_value(js_api.KeyValueConfig(bucket="stall_consumers", direct=True))
         old, new = _Recorder(hold=True), _Recorder(hold=False)
-        a = _owner(nc_a, js, kv, "w-a", subjects, old)
-        b = _owner(nc_b, nc_b.jetstream(), kv, "w-b", subjects, new)
+        a = _owner(nc_a, js, kv, records, "w-a", subjects, old)
+        b = _owner(nc_b, nc_b.jetstream(), kv, records, "w-b", subjects, new)
 
         async def send(key: str, n: int) -> None:
             await js.publish(subjects.inbox_partitioned("echo", 0, key), str(n).encode())

@@ -366,6 +366,7 @@ def test_stream_and_bucket_names() -> None:
         "plexus_workers",
         "plexus_subscriptions",
         "plexus_leases",
+        "plexus_consumers",
         "plexus_artifacts",
     }
     assert stream_subjects() == {

@@ -176,6 +176,45 @@ async def test_a_pool_is_denied_another_pools_types(pools: Secured) -> None:
         assert json.loads(ack.data)["stream"] == "PLEXUS_INBOX"
 
 
+async def test_a_pool_can_neither_learn_nor_guess_another_pools_partition_consumers(pools: Secured) -> None:
+    """Issue 36: names of inbox partition consumers were listable (``CONSUMER.NAMES``) and predictable
+    (``…__<lease revision>``), and a name is all it takes to pull from, ack on or delete a consumer."""
+    await operator_topology(pools, "acme")
+    async with _worker(pools, shapes, "worker-shapes"), _runtime(pools, "operator") as operator:
+        records = operator.topology.consumers
+        async with asyncio.timeout(60):
+            while len(await records.keys()) < operator.partitions:  # noqa: ASYNC110 - the worker's takes
+                await asyncio.sleep(0.2)
+        theirs = {((await records.get(key)).value or b"").decode() for key in await records.keys()}
+        inbox = {info.name for info in await operator.js.consumers_info("PLEXUS_INBOX")}
+        assert theirs <= inbox
+        async with connect_as(pools, "acme", "worker-books") as books_user:
+            # It cannot list the inbox's consumers, read their records, or watch them being made.
+            assert await books_user.refused("$JS.API.CONSUMER.NAMES.PLEXUS_INBOX")
+            assert await books_user.refused("$JS.API.CONSUMER.LIST.PLEXUS_INBOX")
+            record = "$KV.plexus_consumers.default.tree.0"
+            assert await books_user.refused(f"$JS.API.DIRECT.GET.KV_plexus_consumers.{record}")
+            assert await books_user.refused("$JS.API.DIRECT.GET.KV_plexus_consumers")
+            assert await books_user.refused("$JS.API.STREAM.MSG.GET.KV_plexus_consumers")
+            assert await books_user.refused("$JS.API.CONSUMER.CREATE.KV_plexus_consumers")
+            assert await books_user.refused(record)  # nor point the next owner at a consumer of its choice
+            # A name as it used to be made (the lease revision) names no consumer: deleting it finds nothing.
+            for partition in range(operator.partitions):
+                for epoch in range(1, 40):
+                    answer = await books_user.nc.request(
+                        f"$JS.API.CONSUMER.DELETE.PLEXUS_INBOX.px__default__tree__{partition}__{epoch}",
+                        b"",
+                        timeout=5,
+                    )
+                    assert json.loads(answer.data)["error"]["err_code"] == 10014, answer.data  # not found
+        async with _runtime(pools, "worker-books") as rt:
+            for subject in ("$JS.EVENT.ADVISORY.CONSUMER.>", "$JS.EVENT.>", "$KV.plexus_consumers.>"):
+                denied = await _denied(_subscribed(rt, subject), rt)
+                assert denied.operation == "subscribe to"
+        # Every consumer of the other pool is still there.
+        assert theirs <= {info.name for info in await operator.js.consumers_info("PLEXUS_INBOX")}
+
+
 def test_init_writes_an_identity_per_worker_group(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "sec"
     args = ["security", "init", str(out), "--tenant", "acme", "--mtls"]

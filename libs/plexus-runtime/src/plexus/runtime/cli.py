@@ -30,6 +30,7 @@ from .ops._security import add_security_command
 from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help, load_settings
 from .ops._telemetry import configure_telemetry
 from .ops._version import installed_version
+from .store._consumer_records import delete_unrecorded
 from .worker._worker import Worker, WorkerConfig
 
 __all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
@@ -344,6 +345,11 @@ async def _topology(args: argparse.Namespace) -> None:
     except Exception as exc:  # the server's refusal (e.g. more replicas than nodes) says what is wrong
         raise CliError(f"cannot create the topology with {args.replicas} replica(s): {exc}") from None
     try:
+        # Partition consumers no record names (made before `plexus_consumers` existed: an upgrade) would
+        # keep every new owner of their partition from creating its own; only the operator may list them.
+        inbox = rt.topology.names.inbox_stream
+        for name in await delete_unrecorded(rt.nc, rt.js, rt.topology.consumers, inbox, rt.prefix):
+            print(f"deleted {name} on {inbox}: no record in {rt.topology.names.consumers_bucket} names it")
         for name, info in sorted(rt.topology.streams.items()):
             print(f"{name}\treplicas {info.config.num_replicas}\tmessages {info.state.messages}")
         print(

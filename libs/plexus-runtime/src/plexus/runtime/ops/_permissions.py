@@ -73,15 +73,19 @@ def _lookup(streams: list[str], *, consume: bool = True) -> list[str]:
 def _partition_consumers(prefix: str, tokens: list[str]) -> list[str]:
     """A worker's inbox partitions: it creates their consumers only with a filter inside its own types
     (`tokens`: escaped type tokens, or ``*``; the create request's subject carries the filter, which the
-    server checks against the config), and pulls, acknowledges and deletes them by name."""
+    server checks against the config), and pulls, acknowledges and deletes them by name. Names end in a
+    random nonce and are found only in their records (`store._consumer_records`), which it reads (a direct
+    get by key: the key is in the request's subject) and writes for its own types only. It may not list
+    the inbox's consumers (``CONSUMER.NAMES``/``LIST``), nor read the records otherwise."""
     stream = "PLEXUS_INBOX"
+    records = "plexus_consumers"
     return [
         *(f"$JS.API.CONSUMER.CREATE.{stream}.*.{prefix}.*.inp.{t}.>" for t in tokens),
-        f"$JS.API.CONSUMER.INFO.{stream}.>",
-        f"$JS.API.CONSUMER.NAMES.{stream}",  # a taking worker finds earlier owners' consumers by name
         f"$JS.API.CONSUMER.DELETE.{stream}.>",
         f"$JS.API.CONSUMER.MSG.NEXT.{stream}.>",
         f"$JS.ACK.{stream}.>",
+        *(f"$KV.{records}.*.{t}.*" for t in tokens),
+        *(f"$JS.API.DIRECT.GET.KV_{records}.$KV.{records}.*.{t}.*" for t in tokens),
     ]
 
 

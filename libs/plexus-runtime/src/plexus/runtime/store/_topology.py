@@ -89,6 +89,8 @@ class TopologyNames:
     subscriptions_bucket: str = "plexus_subscriptions"
     workers_bucket: str = "plexus_workers"
     leases_bucket: str = "plexus_leases"
+    #: Each inbox partition's current consumer name (`_consumer_records`), read by direct get per key.
+    consumers_bucket: str = "plexus_consumers"
     artifacts_bucket: str = "plexus_artifacts"
     runs_bucket: str = "plexus_runs"
     #: The gateway's buckets: created with the rest by the operator, so that no other role needs to create
@@ -109,6 +111,7 @@ class Topology:
     subscriptions: KeyValue
     workers: KeyValue
     leases: KeyValue
+    consumers: KeyValue
     runs: KeyValue
     sessions: KeyValue
     tokens: KeyValue
@@ -248,8 +251,10 @@ async def ensure_topology(
 
     keep = replicas is None
 
-    async def bucket(name: str, ttl: float | None = None) -> KeyValue:
-        config = KeyValueConfig(bucket=name, history=1, ttl=ttl, replicas=replicas or 1, storage=storage)
+    async def bucket(name: str, ttl: float | None = None, *, direct: bool | None = None) -> KeyValue:
+        config = KeyValueConfig(
+            bucket=name, history=1, ttl=ttl, replicas=replicas or 1, storage=storage, direct=direct
+        )
         return await _until_answered(lambda: _ensure_kv(js, config, keep_replicas=keep))
 
     workers = await bucket(names.workers_bucket, workers_ttl_s)
@@ -263,6 +268,8 @@ async def ensure_topology(
         subscriptions=await bucket(names.subscriptions_bucket),
         workers=workers,
         leases=leases,
+        # Direct gets put the key in the request's subject, so permissions can grant reads per type.
+        consumers=await bucket(names.consumers_bucket, direct=True),
         runs=await bucket(names.runs_bucket),
         sessions=await bucket(names.sessions_bucket),
         tokens=await bucket(names.tokens_bucket),

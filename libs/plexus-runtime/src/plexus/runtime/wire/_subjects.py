@@ -21,6 +21,7 @@ __all__ = [
     "ALL_STREAMS",
     "BUCKET_ARTIFACTS",
     "BUCKET_CHECKPOINTS",
+    "BUCKET_CONSUMERS",
     "BUCKET_LEASES",
     "BUCKET_REGISTRY",
     "BUCKET_SUBSCRIPTIONS",
@@ -36,6 +37,7 @@ __all__ = [
     "Subjects",
     "checkpoint_key",
     "consumer_name",
+    "consumer_record_key",
     "escape_token",
     "inbox_partition",
     "inbox_transform",
@@ -68,6 +70,7 @@ BUCKET_REGISTRY = "plexus_registry"
 BUCKET_WORKERS = "plexus_workers"
 BUCKET_SUBSCRIPTIONS = "plexus_subscriptions"
 BUCKET_LEASES = "plexus_leases"
+BUCKET_CONSUMERS = "plexus_consumers"  # each inbox partition's current consumer name (secret per type)
 BUCKET_ARTIFACTS = "plexus_artifacts"  # an object store, not a KV bucket
 ALL_BUCKETS = (
     BUCKET_CHECKPOINTS,
@@ -75,6 +78,7 @@ ALL_BUCKETS = (
     BUCKET_WORKERS,
     BUCKET_SUBSCRIPTIONS,
     BUCKET_LEASES,
+    BUCKET_CONSUMERS,
     BUCKET_ARTIFACTS,
 )
 
@@ -411,6 +415,15 @@ def checkpoint_key(namespace: str, agent_type: str, key: str) -> str:
     )
 
 
+_NONCE_RE = re.compile(r"[0-9a-f]+")
+
+
+def consumer_record_key(namespace: str, agent_type: str, partition: int) -> str:
+    """Key of the record naming a partition's current consumer in `plexus_consumers`: ``<ns>.<type>.<p>``."""
+    _check_partition(partition)
+    return _kv_key(BUCKET_CONSUMERS, f"{escape_token(namespace)}.{escape_token(agent_type)}.{partition}")
+
+
 def lease_key(namespace: str, agent_type: str, partition: int) -> str:
     """Key of one partition's lease in `plexus_leases`: ``<ns>.<type>.<p>``."""
     _check_partition(partition)
@@ -418,24 +431,26 @@ def lease_key(namespace: str, agent_type: str, partition: int) -> str:
 
 
 def consumer_name(
-    namespace: str, agent_type: str, partition: int, prefix: str = DEFAULT_PREFIX, *, epoch: int | None = None
+    namespace: str, agent_type: str, partition: int, prefix: str = DEFAULT_PREFIX, *, nonce: str | None = None
 ) -> str:
     """Durable consumer name of one inbox partition: ``<prefix>__<ns>__<type>__<p>`` (escaped tokens), with
-    ``__<epoch>`` appended for one ownership of the partition (the workers name each take's consumer so, so
-    that a displaced owner's pull requests and acks can never reach its successor's consumer).
+    ``__<nonce>`` appended for one ownership of the partition. The workers draw a random 128-bit nonce per
+    take (lower-case hex), so that a displaced owner's pull requests and acks can never reach its
+    successor's consumer, and so that nobody who was not told the name (a worker of another pool) can pull
+    from, ack on or delete it: the name is kept in ``plexus_consumers`` (`consumer_record_key`).
 
     ``__`` separates because no non-empty escaped token contains it or ends with ``_`` — a single ``_``
     would let ``("a", "2E.")`` and ``("a.", "2E")`` share a name. Names over 255 characters keep a readable
-    head and end in ``__h`` + the SHA-256 of the full name; unhashed names end in a decimal, so the two forms
-    never collide.
+    head and end in ``__h`` + the SHA-256 of the full name; a nonce is hex, which has no ``h``, so the two
+    forms never collide.
     """
     _check_partition(partition)
     _check_prefix(prefix)
     name = f"{escape_token(prefix)}__{escape_token(namespace)}__{escape_token(agent_type)}__{partition}"
-    if epoch is not None:
-        if isinstance(epoch, bool) or not isinstance(epoch, int) or epoch < 0:
-            raise ValueError(f"epoch must be an int >= 0, got {epoch!r}")
-        name = f"{name}__{epoch}"
+    if nonce is not None:
+        if not isinstance(nonce, str) or not _NONCE_RE.fullmatch(nonce):
+            raise ValueError(f"nonce must be lower-case hex, got {nonce!r}")
+        name = f"{name}__{nonce}"
     if len(name) <= MAX_CONSUMER_NAME:
         return name
     digest = hashlib.sha256(name.encode("ascii")).hexdigest()

@@ -1,10 +1,11 @@
 """Partition ownership and pulling for durable agent types.
 
 A worker owns partitions of each durable agent type through KV leases (`_leases.py`). For each owned
-partition it deletes every previous consumer of the partition (by name: `_earlier_consumers.py`) and creates
-a fresh durable pull consumer, named for this ownership (the lease's revision): the inbox stream is a work
-queue, so a fresh consumer starts at the oldest unacknowledged message — in-flight work of a dead or
-displaced owner is redelivered at once and in order. A displaced owner that has not noticed yet (it stalled
+partition it deletes the previous consumer of the partition (the one its record in ``plexus_consumers``
+names: `store._consumer_records`) and creates a fresh durable pull consumer, named for this ownership with
+a random nonce nobody else can guess: the inbox stream is a work queue, so a fresh consumer starts at the
+oldest unacknowledged message — in-flight work of a dead or displaced owner is redelivered at once and in
+order. A displaced owner that has not noticed yet (it stalled
 past its lease) still pulls and acks under its own consumer's name, which is gone: it can never fetch a
 message from its successor's consumer (which, not started there, waited ``ack_wait`` while the key's next
 messages went ahead) nor ack one.
@@ -16,6 +17,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import secrets
 import time
 from collections.abc import Awaitable, Callable
 
@@ -23,13 +25,12 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js import api as js_api
-from nats.js.errors import APIError, NotFoundError
+from nats.js.errors import APIError, KeyWrongLastSequenceError, NotFoundError
 
 from plexus.runtime.ops._telemetry import INSTRUMENTS
+from plexus.runtime.store._consumer_records import ConsumerRecords
 from plexus.runtime.store._leases import Lease, LeaseManager, plan_partitions
 from plexus.runtime.wire._subjects import Subjects, consumer_name, lease_key
-
-from ._earlier_consumers import consumer_names, partition_consumers
 
 __all__ = ["PartitionOwner"]
 
@@ -177,6 +178,7 @@ class PartitionOwner:
         nc: NATS,
         js: JetStreamContext,
         leases: LeaseManager,
+        consumers: ConsumerRecords,
         subjects: Subjects,
         stream: str,
         agent_type: str,
@@ -198,6 +200,7 @@ class PartitionOwner:
         self.max_batch = max_batch
         self.js = js
         self.leases = leases
+        self.consumers = consumers
         self.subjects = subjects
         self.stream = stream
         self.agent_type = agent_type
@@ -229,8 +232,8 @@ class PartitionOwner:
         #: handover releasing with the revision it held while a renewal of that lease was in flight failed
         #: the compare-and-swap and left the lease to block the next owner until it expired.
         self._lease_writes = asyncio.Lock()
-        #: The inbox stream's consumer names, listed once per rebalance round for its takes (`_take`).
-        self._names: list[str] | None = None
+        #: Partitions whose take found a consumer no record names (reported once, see `_take`).
+        self._blocked: set[int] = set()
         #: The renewal round `confirm` started, shared by the handlers that asked meanwhile.
         self._confirming: asyncio.Future[None] | None = None
         self.draining = False
@@ -238,10 +241,10 @@ class PartitionOwner:
     def _lease_key(self, p: int) -> str:
         return lease_key(self.subjects.namespace, self.agent_type, p)
 
-    def _durable(self, p: int, lease: Lease) -> str:
-        # Named for this ownership: the lease's first revision is unique in the bucket.
+    def _durable(self, p: int) -> str:
+        # Named for this ownership with 128 random bits: a name is all it takes to pull, ack or delete.
         return consumer_name(
-            self.subjects.namespace, self.agent_type, p, self.subjects.prefix, epoch=lease.revision
+            self.subjects.namespace, self.agent_type, p, self.subjects.prefix, nonce=secrets.token_hex(16)
         )
 
     async def _on_message(self, p: int, msg: Msg) -> None:
@@ -358,7 +361,6 @@ class PartitionOwner:
         await self._finish_handovers()
         if self.draining:
             return
-        self._names = None
         workers = await self.live_workers()
         if self.worker_id not in workers:
             workers = [*workers, self.worker_id]
@@ -383,15 +385,31 @@ class PartitionOwner:
                 await self._take(p, acquired)
 
     async def _take(self, p: int, lease: Lease) -> None:
-        durable = self._durable(p, lease)
+        durable = self._durable(p)
         filter_subject = self.subjects.inbox_partitioned_filter(self.agent_type, p)
         try:
-            await self._replace_consumer(p, durable, filter_subject, relist=False)
+            await self._replace_consumer(p, durable, filter_subject)
+        except KeyWrongLastSequenceError:
+            # Another take recorded its consumer since we read the record: it is the newer owner.
+            log.warning("%s partition %d was taken meanwhile; giving it up", self.agent_type, p)
+            await self._give_up(p, lease)
+            return
         except APIError as exc:
             if exc.err_code != _NOT_UNIQUE:
                 raise
-            # A consumer of the partition made since this round's listing (an owner in between): list again.
-            await self._replace_consumer(p, durable, filter_subject, relist=True)
+            # A consumer of the partition that no record names: made before records existed (an upgrade),
+            # or by an owner that stalled past its lease. Only the operator may list the inbox's consumers.
+            report = log.error if p not in self._blocked else log.debug
+            self._blocked.add(p)
+            report(
+                "cannot take %s partition %d: an inbox consumer no record names reads it; run `plexus "
+                "topology` as the operator to delete it",
+                self.agent_type,
+                p,
+            )
+            await self._give_up(p, lease)
+            return
+        self._blocked.discard(p)
         if self.on_taken is not None:
             # Whatever this worker cached for the partition's agents may be older than what another owner
             # committed meanwhile: forget it, so activations reload from the newest checkpoint.
@@ -402,18 +420,22 @@ class PartitionOwner:
         INSTRUMENTS.partitions_owned.add(1, {"agent_type": self.agent_type, "worker": self.worker_id})
         log.debug("%s took %s partition %d", self.worker_id, self.agent_type, p)
 
-    async def _replace_consumer(self, p: int, durable: str, filter_subject: str, *, relist: bool) -> None:
-        """Delete every earlier owner's consumer of partition `p` (a work queue stream allows one per filter
-        anyway: what they fetched and did not ack becomes deliverable again, first, to the consumer made
-        here), then create this ownership's consumer `durable`."""
-        if relist or self._names is None:
-            self._names = await consumer_names(self.nc, self.stream)
-        names = self._names
-        for name in await partition_consumers(
-            self.nc, self.js, self.stream, self.subjects, self.agent_type, p, names=names
-        ):
+    async def _give_up(self, p: int, lease: Lease) -> None:
+        self.fresh_until.pop(p, None)
+        async with self._lease_writes:
+            with contextlib.suppress(Exception):
+                await self.leases.release(lease)
+
+    async def _replace_consumer(self, p: int, durable: str, filter_subject: str) -> None:
+        """Delete the recorded consumer of partition `p` (a work queue stream allows one per filter anyway:
+        what its owner fetched and did not ack becomes deliverable again, first, to the consumer made here),
+        record `durable` (compare-and-swap on the revision read), then create it. Recorded before it exists,
+        so a consumer a worker made is always named by the record or already deleted."""
+        earlier, revision = await self.consumers.read(self.agent_type, p)
+        if earlier is not None:
             with contextlib.suppress(NotFoundError):
-                await self.js.delete_consumer(self.stream, name)
+                await self.js.delete_consumer(self.stream, earlier)
+        await self.consumers.record(self.agent_type, p, durable, revision)
         # Read after the deletion: whatever the previous consumer delivered is stored at or before this.
         self.taken_at_seq[p] = (await self.js.stream_info(self.stream)).state.last_seq
         await self.js.add_consumer(

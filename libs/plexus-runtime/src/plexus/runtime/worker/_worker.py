@@ -30,6 +30,7 @@ from plexus.runtime.interceptors._interceptors import HandleInput
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._checkpoints import CheckpointStore
+from plexus.runtime.store._consumer_records import ConsumerRecords
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.store._outage import is_nats_outage
 from plexus.runtime.wire._envelope import (
@@ -171,6 +172,7 @@ class Worker(Upkeep):
                     nc=connection.nc,
                     js=connection.js,
                     leases=leases,
+                    consumers=ConsumerRecords(connection.topology.consumers, agent_type.namespace),
                     subjects=connection.subjects_for(agent_type.namespace),
                     stream=connection.topology.names.inbox_stream,
                     agent_type=agent_type.name,
