@@ -98,6 +98,7 @@ async def test_every_stream_and_bucket_has_the_topologys_replicas(
                     names.subscriptions_bucket,
                     names.workers_bucket,
                     names.leases_bucket,
+                    names.consumers_bucket,
                     names.runs_bucket,
                     "plexus_sessions",
                     "plexus_gateway_tokens",
