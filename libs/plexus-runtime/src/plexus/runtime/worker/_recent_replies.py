@@ -3,10 +3,10 @@
 A reply is a core message. One written to the socket of a nats-server that then died (read by it but not yet
 forwarded to the caller's server, or not read at all) is lost, and its caller would wait for its deadline:
 the inbox message was acked, so no redelivery answers it from the checkpoint. The worker keeps the replies of
-the last `WINDOW_S` seconds (at most `LIMIT`); when its connection drops it sets aside those sent in that
-window, and publishes them again once reconnected. A caller that already has its answer ignores the copy
-(its reply inbox no longer expects the id). Replies published while disconnected are not at risk: nats-py
-buffers them and sends them on reconnect.
+the last `WINDOW_S` seconds (at most `LIMIT`; older ones are let go as each reply is recorded); when its
+connection drops it sets aside those sent in that window, and publishes them again once reconnected. A
+caller that already has its answer ignores the copy (its reply inbox no longer expects the id). Replies
+published while disconnected are not at risk: nats-py buffers them and sends them on reconnect.
 """
 
 from __future__ import annotations
@@ -37,7 +37,14 @@ class RecentReplies:
         connection.on_reconnect.append(self.reconnected)
 
     def published(self, subject: str, data: bytes) -> None:
-        self._recent.append((time.monotonic(), subject, data))
+        now = time.monotonic()
+        recent = self._recent
+        recent.append((now, subject, data))
+        # Replies older than the window are never sent again: kept until LIMIT newer ones pushed them out,
+        # they held the last 8,192 replies (of agents long passivated, up to a message's size each) for good.
+        since = now - self.WINDOW_S
+        while recent[0][0] < since:
+            recent.popleft()
 
     def disconnected(self) -> None:
         since = time.monotonic() - self.WINDOW_S
