@@ -159,6 +159,8 @@ async def serve(url: str, app_name: str) -> None:
         stats = {
             "rss": rss_bytes(),
             "activations": len(worker._activations),
+            # Objects the collector tracks: what is kept alive, apart from what the allocator keeps.
+            "objects": len(gc.get_objects()),
             "pid": os.getpid(),
             "gc_s": gc_s,
         }
@@ -367,11 +369,15 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
     dropped = await stats(b"passivate")
     results.add("plexus.mem.peak", "MB", peak["rss"] / 1e6)
     results.add("plexus.mem.after_passivation", "MB", dropped["rss"] / 1e6)
+    results.add("plexus.mem.after_passivation_ratio", "×", dropped["rss"] / baseline["rss"])
     results.info["keys"] = {
         "distinct_keys_per_repeat": sizes.keys_many,
         "activations_at_peak": peak["activations"],
         "activations_after_passivation": dropped["activations"],
         "rss_baseline_mb": baseline["rss"] / 1e6,
+        "objects_baseline": baseline["objects"],
+        "objects_at_peak": peak["objects"],
+        "objects_after_passivation": dropped["objects"],
         "worker_gc_us_per_distinct_key_message": collector_us,
     }
 

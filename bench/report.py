@@ -48,6 +48,14 @@ ROWS = (
     Row("RSS per idle activation", "B", None, "plexus.mem.per_activation", None, False),
     Row("RSS at peak (all activations live)", "MB", None, "plexus.mem.peak", None, False),
     Row("RSS after passivating all", "MB", None, "plexus.mem.after_passivation", None, False),
+    Row(
+        "RSS after passivating all ÷ RSS before the run",
+        "×",
+        None,
+        "plexus.mem.after_passivation_ratio",
+        None,
+        False,
+    ),
     *(
         Row(
             f"budget consume (cluster, JetStream counter) {q}",
@@ -320,6 +328,13 @@ TARGETS = (
     Target("distinct keys ≥ 0.9× the 10-key throughput", _median("plexus.keys.ratio"), 0.9),
     *(Target(f"scale-out ≥ 0.9 × {n} ({n} workers)", _median(f"scale.ratio.{n}"), 0.9 * n) for n in (2, 4)),
     Target("≤ 4 KB (4096 B) per idle activation", _median("plexus.mem.per_activation"), 4096.0, at_most=True),
+    # Issue 42: memory comes back once every activation is passivated.
+    Target(
+        "RSS after passivating all ≤ 1.5× the worker's RSS before the run",
+        _median("plexus.mem.after_passivation_ratio"),
+        1.5,
+        at_most=True,
+    ),
     Target("progress worker → SSE client p50 ≤ 5 ms", _median("sse.latency.p50"), 5.0, at_most=True),
     Target(
         "LLM loop overhead per model turn ≤ 1 ms (whole run)",
