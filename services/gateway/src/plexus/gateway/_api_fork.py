@@ -36,18 +36,15 @@ def _integral(value: Any) -> Any:
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
-#: An integer as the OpenAPI document says it (5.0 included).
-Integral = Annotated[int, BeforeValidator(_integral)]
+#: An integer as the OpenAPI document says it (5.0 included), within the bounds the document states (the
+#: bounds live on the integer itself: on an optional field they would be lost from the schema).
+Integral = Annotated[int, Field(ge=0, le=1_000_000), BeforeValidator(_integral)]
 
 
 class ForkIn(_Strict):
     agent: str | None = Field(default=None, max_length=1024, pattern=_AGENT_ID)
-    message: Integral = Field(
-        default=0, ge=0, le=1_000_000, description="the agent's handled message in the run"
-    )
-    turn: Integral | None = Field(
-        default=None, ge=0, le=1_000_000, description="after this turn; 0: the message"
-    )
+    message: Integral = Field(default=0, description="the agent's handled message in the run")
+    turn: Integral | None = Field(default=None, description="after this turn; 0: the message")
     edit: ForkEditIn | None = None
     budget: Budget = None
 
