@@ -1,5 +1,6 @@
-"""Issue 36 item 3: every documented client command (docs/gateway.md's `plexus runs`, `plexus agents`, and
-`plexus types`) works as the tenant's `client` user, with no permission violation in the server log."""
+"""Issue 36 item 3: every documented client command (docs/gateway.md's `plexus runs`, `plexus agents`,
+`plexus types`, `plexus schedules`) works as the tenant's `client` user, with no permission violation in the
+server log; time travel's `plexus runs export/fork` are the operator's and fail as the client in one line."""
 
 from __future__ import annotations
 
@@ -64,8 +65,29 @@ async def test_every_client_command_works_as_the_client(secured: Secured) -> Non
         ("agents",),
         ("agents", "--json"),
         ("types",),
+        # Schedules are client commands too (docs/schedules.md).
+        ("schedules", "create", "nightly", "ledger/cron", "tick", "--cron", "0 3 * * *"),
+        ("schedules", "ls"),
+        ("schedules", "pause", "nightly"),
+        ("schedules", "resume", "nightly"),
+        ("schedules", "rm", "nightly"),
     ):
         await asyncio.to_thread(run, *args)
     second = (await asyncio.to_thread(run, "runs", "start", "tree/t2", "x")).stdout.strip()
     await asyncio.to_thread(run, "runs", "cancel", second)
     assert secured.violations() == []
+
+    # Time travel reads every agent's EventLog and checkpoints, which the client role may not: it is the
+    # operator's (or the gateway's HTTP routes'). As the client it fails at once, in one line naming the permission.
+    for args in (("runs", "export", run_id), ("runs", "fork", run_id)):
+        denied = await asyncio.to_thread(_plexus, secured, "client", *args)
+        assert denied.returncode == 1, (args, denied.stdout, denied.stderr)
+        (line,) = denied.stderr.strip().splitlines()
+        assert "PermissionDeniedError: user 'acme-client' may not publish to" in line, line
+    exported = await asyncio.to_thread(_plexus, secured, "operator", "runs", "export", run_id)
+    assert exported.returncode == 0, exported.stderr
+    assert '"plexus-run-recording"' in exported.stdout.splitlines()[0]
+    forked = await asyncio.to_thread(_plexus, secured, "operator", "runs", "fork", run_id)
+    assert forked.returncode == 0, forked.stderr
+    # The refusals above are the only violations: what they tried to read, nothing else.
+    assert all("acme-client" in v and "PLEXUS_EVENTS" in v for v in secured.violations()), secured.violations()
