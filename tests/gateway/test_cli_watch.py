@@ -60,7 +60,7 @@ async def test_watch_json_into_head_exits_0_without_a_traceback(gw: Stack) -> No
     )
     out, err = await asyncio.wait_for(proc.communicate(), timeout=60)
     assert proc.returncode == 0, err.decode()
-    # Quiet: no traceback, no broken-pipe report (a log line of the client's own, say a topology notice, may be).
+    # Quiet: no traceback, no broken-pipe report (a log line of the client's own, say a notice, may be there).
     assert "Traceback" not in err.decode()
     assert "BrokenPipe" not in err.decode()
     assert "Broken pipe" not in err.decode()

@@ -78,7 +78,7 @@ async def test_every_client_command_works_as_the_client(secured: Secured) -> Non
     assert secured.violations() == []
 
     # Time travel reads every agent's EventLog and checkpoints, which the client role may not: it is the
-    # operator's (or the gateway's HTTP routes'). As the client it fails at once, in one line naming the permission.
+    # operator's (or the gateway's HTTP routes'). As the client it fails at once, in one line naming what.
     for args in (("runs", "export", run_id), ("runs", "fork", run_id)):
         denied = await asyncio.to_thread(_plexus, secured, "client", *args)
         assert denied.returncode == 1, (args, denied.stdout, denied.stderr)
@@ -90,4 +90,5 @@ async def test_every_client_command_works_as_the_client(secured: Secured) -> Non
     forked = await asyncio.to_thread(_plexus, secured, "operator", "runs", "fork", run_id)
     assert forked.returncode == 0, forked.stderr
     # The refusals above are the only violations: what they tried to read, nothing else.
-    assert all("acme-client" in v and "PLEXUS_EVENTS" in v for v in secured.violations()), secured.violations()
+    violations = secured.violations()
+    assert all("acme-client" in v and "PLEXUS_EVENTS" in v for v in violations), violations
