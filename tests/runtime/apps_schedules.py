@@ -3,7 +3,8 @@
 `timers` takes one text block of space-separated words: ``timer <sink key> <seconds>`` (a one-shot timer
 that delivers ``fired <sink key>`` to `sink/<key>`; replies its id), ``cancel <id>``, ``remind <name>``
 (every second), ``clear <name>``, ``list`` (its reminders), ``flaky <sink key> <seconds>`` (schedules a
-timer, then fails its commit the first time: a state too big to store), ``read`` (its state). A reminder's
+timer, then fails its commit the first time: a state too big to store), ``many <sink key> <seconds> <n>``
+(n timers in one handler run), ``read`` (its state). A reminder's
 ``tick`` is counted in its state. `sink` records every text it receives; ``read`` returns them.
 """
 
@@ -48,6 +49,13 @@ class Timers(Agent):
                 else:
                     self.state.pop("blob", None)
             return _json(schedule_id)
+        if verb == "many":
+            for _ in range(int(args[2])):
+                await ctx.schedule_message(
+                    AgentId("sink", args[0]),
+                    [TextBlock(text=f"fired {args[0]}")],
+                    after=datetime.timedelta(seconds=float(args[1])),
+                )
         if verb == "nobody":  # an unregistered type: AgentNotFoundError, nothing recorded
             await ctx.schedule_message(AgentId("nobody", "x"), [], after=datetime.timedelta(seconds=1))
         if verb == "cancel":

@@ -17,7 +17,14 @@ from typing import Any
 import pytest
 
 from plexus.core import AgentId, AgentNotFoundError, TextBlock
-from plexus.runtime import InvalidScheduleError, NatsServer, Runtime, SchedulesUnsupportedError
+from plexus.runtime import (
+    InvalidScheduleError,
+    NatsServer,
+    Runtime,
+    SchedulesUnsupportedError,
+    TooManyTimersError,
+)
+from plexus.runtime.store._schedule_store import ScheduleStore
 from plexus.runtime.store._schedules import check_server_version, cron_spec, every_spec, timer_spec
 
 from .apps_schedules import FLAKY_RUNS
@@ -154,3 +161,26 @@ async def test_a_target_that_cannot_be_addressed_fails_the_handler(
     await start_worker(schedules_app)
     with pytest.raises(AgentNotFoundError):
         await _ask(runtime, AgentId("timers", "bad"), "nobody")
+
+
+async def test_more_timers_than_the_tenants_limit_are_refused_and_nothing_is_half_written(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    await start_worker(schedules_app, max_pending_schedules=3)
+    stored = ScheduleStore(runtime.connection).stored
+    agent = AgentId("timers", "lim")
+    await _ask(runtime, agent, "timer lim 600")
+    assert await stored() == 1
+    # Three more in one handler run: the third call raises, the handler fails, none of the three is written.
+    with pytest.raises(TooManyTimersError) as refused:
+        await _ask(runtime, agent, "many lim 600 3")
+    assert refused.value.limit == 3
+    assert await stored() == 1
+    await _ask(runtime, agent, "many lim 600 2")  # up to the limit
+    assert await stored() == 3
+    with pytest.raises(TooManyTimersError):
+        await _ask(runtime, agent, "timer lim 600")
+    with pytest.raises(TooManyTimersError):
+        await _ask(runtime, agent, "remind nudge")
+    assert await stored() == 3
+    assert await _ask(runtime, agent, "list") == []

@@ -57,7 +57,12 @@ from .store._mirror import kv_keys
 from .store._outage import is_unavailable
 from .store._registry import AgentTypeInfo, Registry, WorkerInfo
 from .store._run_schedules import ScheduleNotFoundError, TooManySchedulesError
-from .store._schedules import InvalidScheduleError, ScheduleId, SchedulesUnsupportedError
+from .store._schedules import (
+    InvalidScheduleError,
+    ScheduleId,
+    SchedulesUnsupportedError,
+    TooManyTimersError,
+)
 from .store._subscriptions import Subscription, TypePrefixSubscription, TypeSubscription
 from .store._topology import Topology, TopologyConflictError, TopologyNames, ensure_topology
 from .wire._envelope import (
@@ -143,6 +148,7 @@ __all__ = [
     "Supervisor",
     "Telemetry",
     "TooManySchedulesError",
+    "TooManyTimersError",
     "Topology",
     "TopologyConflictError",
     "TopologyNames",

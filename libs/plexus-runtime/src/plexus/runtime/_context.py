@@ -106,6 +106,8 @@ class Context:
     #: Timer and reminder writes recorded by the handler: its commit writes them when it succeeds.
     pending_schedules: list[ScheduleOp] = field(default_factory=list, repr=False)
     _schedule_ops: int = field(default=0, repr=False)
+    #: The account's stored timers and reminders, counted once per handler run (the limit's check).
+    _stored_schedules: int | None = field(default=None, repr=False)
 
     @property
     def cancellation(self) -> CancellationHandle:
@@ -212,6 +214,13 @@ class Context:
         self._schedule_ops += 1
         return op_id(str(self.agent_id), self.message_id, self._schedule_ops)
 
+    async def _check_room(self, store: ScheduleStore) -> None:
+        if store.max_pending is None:
+            return
+        if self._stored_schedules is None:
+            self._stored_schedules = await store.stored()
+        store.check_room(self._stored_schedules, self.pending_schedules)
+
     def _record(self, op: ScheduleOp) -> None:
         # One write per subject, the last one: the commit writes them concurrently.
         self.pending_schedules = [p for p in self.pending_schedules if p.subject != op.subject]
@@ -228,9 +237,11 @@ class Context:
         """Deliver `blocks` to durable agent `target`'s inbox once, `after` from now or `at` (aware; a time
         in the past fires at once), as a message of this run. Written by this message's commit: nothing is
         scheduled if the handler fails, and a handler run again for the message schedules it once.
-        Raises InvalidScheduleError (bad time, stateless target) or AgentNotFoundError at once."""
+        Raises InvalidScheduleError (bad time, stateless target), AgentNotFoundError or TooManyTimersError
+        (the tenant's limit) at once."""
         spec = timer_spec(after, at)
         store = self._backend.schedule_store()
+        await self._check_room(store)
         schedule_id = ScheduleId(self._op_id())
         subjects = store.connection.subjects_for(self.agent_id.namespace)
         op = await store.envelope_op(
@@ -277,6 +288,7 @@ class Context:
         if not isinstance(name, str) or not name:
             raise InvalidScheduleError("a reminder needs a non-empty name")
         store = self._backend.schedule_store()
+        await self._check_room(store)
         subjects = store.connection.subjects_for(self.agent_id.namespace)
         op = await store.envelope_op(
             subject=reminder_subject(subjects, self.agent_id.type, self.agent_id.key, name),

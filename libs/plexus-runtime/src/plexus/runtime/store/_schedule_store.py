@@ -8,11 +8,12 @@ the ops its commit hands over. See docs/schedules.md.
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Sequence
 
 import msgspec
-from nats.js.errors import NotFoundError
+from nats.js.errors import APIError, NotFoundError
 
 from plexus.core import AgentId, AgentNotFoundError, BaseBlock
 from plexus.runtime.ops._telemetry import trace_headers
@@ -23,8 +24,10 @@ from plexus.runtime.store._schedules import (
     STREAM_SCHEDULES,
     InvalidScheduleError,
     ScheduleOp,
+    TooManyTimersError,
     fire_subject,
     is_schedule,
+    pending_filter,
     reminders_filter,
     schedule_op,
 )
@@ -41,11 +44,37 @@ __all__ = ["ScheduleStore"]
 
 
 class ScheduleStore:
-    """`PLEXUS_SCHEDULES` as a handler's context uses it (one per connection: it holds no state)."""
+    """`PLEXUS_SCHEDULES` as a handler's context uses it (one per connection: it holds no state).
+    `max_pending`: the most timers and reminders the account may have stored (None: no limit)."""
 
-    def __init__(self, connection: Connection, stream: str = STREAM_SCHEDULES) -> None:
+    def __init__(
+        self, connection: Connection, stream: str = STREAM_SCHEDULES, max_pending: int | None = None
+    ) -> None:
         self.connection = connection
         self.stream = stream
+        self.max_pending = max_pending
+
+    async def stored(self) -> int:
+        """How many agents' timer and reminder subjects the account's stream holds now (a cancelled one
+        until its tombstone expires), counted by the server: the request's offset past the end asks for
+        the total without the list of subjects, which nats-py's `stream_info` would fetch."""
+        request = {"subjects_filter": pending_filter(self.connection.prefix), "offset": 1 << 40}
+        answer = await self.connection.nc.request(
+            f"$JS.API.STREAM.INFO.{self.stream}", json.dumps(request).encode(), timeout=10.0
+        )
+        info = json.loads(answer.data)
+        if "error" in info:
+            APIError.from_error(info["error"])  # raises the nats error of that code
+        return int(info.get("total", 0))
+
+    def check_room(self, stored: int, recorded: Sequence[ScheduleOp]) -> None:
+        """Raise `TooManyTimersError` when `stored` plus the schedules a handler `recorded` and one more
+        pass `max_pending` (a replaced one counts again: the check errs on the safe side)."""
+        if self.max_pending is None:
+            return
+        adding = sum(1 for op in recorded if is_schedule(op.headers)) + 1
+        if stored + adding > self.max_pending:
+            raise TooManyTimersError(self.max_pending)
 
     async def envelope_op(
         self,

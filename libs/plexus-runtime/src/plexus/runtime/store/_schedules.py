@@ -46,6 +46,7 @@ __all__ = [
     "ScheduleId",
     "ScheduleOp",
     "SchedulesUnsupportedError",
+    "TooManyTimersError",
     "check_server_version",
     "cron_spec",
     "every_spec",
@@ -54,6 +55,7 @@ __all__ = [
     "inbox_source",
     "is_schedule",
     "op_id",
+    "pending_filter",
     "reminder_subject",
     "reminders_filter",
     "schedule_op",
@@ -99,6 +101,20 @@ class InvalidScheduleError(KernelError):
     def __init__(self, reason: str) -> None:
         self.reason = reason
         super().__init__(f"invalid schedule: {reason}")
+
+
+class TooManyTimersError(KernelError):
+    """Setting one more timer or reminder would pass the account's (tenant's) limit of stored ones
+    (`WorkerConfig.max_pending_schedules`). Raised by the call, before anything is recorded."""
+
+    fields = ("limit",)
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        super().__init__(
+            f"this tenant already has {limit} timers and reminders stored, its limit; "
+            "cancel some or wait for them to fire"
+        )
 
 
 class SchedulesUnsupportedError(KernelError):
@@ -196,6 +212,12 @@ def reminder_subject(subjects: Subjects, agent_type: str, key: str, name: str) -
 
 def reminders_filter(subjects: Subjects, agent_type: str, key: str) -> str:
     return f"{subjects.base}.sched.{escape_token(agent_type)}.{escape_token(key)}.r.*"
+
+
+def pending_filter(prefix: str) -> str:
+    """Every agent's timer and reminder subject of the account (7 tokens: not the scheduled runs'
+    ``sched._run.<s|f>.<id>`` nor the fired copies' ``fire.<type>.<key>``)."""
+    return f"{prefix}.*.sched.*.*.*.*"
 
 
 def op_id(agent: str, message_id: str, ordinal: int) -> str:

@@ -41,9 +41,14 @@ class WorkerConfig:
     #: threshold spares in-flight messages from full collections over every live activation (`_gc.py`).
     #: None leaves the process's collector as it is.
     gc_threshold: tuple[int, int, int] | None = DEFAULT_GC_THRESHOLD
+    #: The most timers and reminders (`Context.schedule_message`, `set_reminder`) the tenant (the NATS
+    #: account) may have stored; one more raises TooManyTimersError at the call. None: no limit.
+    max_pending_schedules: int | None = 200_000
 
     def __post_init__(self) -> None:
         check_gc_threshold(self.gc_threshold)
+        if self.max_pending_schedules is not None and self.max_pending_schedules < 0:
+            raise ValueError(f"max_pending_schedules must be >= 0, got {self.max_pending_schedules}")
 
 
 def with_lease_ttl(config: WorkerConfig, bucket_ttl_s: float) -> WorkerConfig:

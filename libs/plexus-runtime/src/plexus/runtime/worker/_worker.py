@@ -124,6 +124,7 @@ class Worker(Upkeep):
             self._activations,
             ClusterSupervisor(connection, self.control, self.orchestrator),
             self._lease_gate,
+            self.config.max_pending_schedules,
         )
         self._chains = HandleChains(
             self.control, self.orchestrator, self._backend.reload, app.interceptors, self._invoke
