@@ -380,7 +380,7 @@ def main() -> int:
             metrics.update(result["metrics"])
             client_info["plexus-durability"] = result["info"]
             print(
-                "bench: durable timers (a burst due within one second, the cost of pending ones) …",
+                "bench: durable timers (a burst due together, the cost of pending ones) …",
                 flush=True,
             )
             with phase(logs, env) as procs:
