@@ -178,7 +178,7 @@ def garbage_server() -> Iterator[str]:
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
-            port = self.server.server_address[1]
+            port = int(self.server.server_address[1])  # type: ignore[index]  # an AF_INET server: (host, port)
             agent = self.path.split("/")[1]
             card = {
                 "name": "garbler",
