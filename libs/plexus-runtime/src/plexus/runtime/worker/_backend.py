@@ -82,7 +82,7 @@ class WorkerBackend:
         activations: ActivationTable,
         supervisor: Supervisor | None = None,
         gate: LeaseGate = _open,
-        max_pending_schedules: int | None = None,
+        schedules: ScheduleStore | None = None,
     ) -> None:
         self.connection = connection
         #: Every effect of a handler (send, publish, progress, stream, usage, spawn, checkpoint) passes it
@@ -93,7 +93,7 @@ class WorkerBackend:
         self.activations = activations
         self.supervisor: Supervisor = supervisor or LocalSupervisor()
         self._bound: dict[int, Activation] = {}
-        self.schedules = ScheduleStore(connection, max_pending=max_pending_schedules)
+        self.schedules = schedules or ScheduleStore(connection)
         # Progress events published but not yet acknowledged, per bound Context (see `progress_stored`).
         self._progress_acks: dict[int, list[asyncio.Future[Any]]] = {}
         self._acks = connection.acks

@@ -135,6 +135,8 @@ class Committer:
         activations: ActivationTable,
         gate: CommitGate = _open,
         lease_left: LeaseLeft = _open,
+        *,
+        schedules: ScheduleStore | None = None,
     ) -> None:
         self.connection = connection
         self.activations = activations
@@ -146,7 +148,7 @@ class Committer:
         #: have passed to another worker (ahead of the new owner's first append, which is what fences it).
         #: So the commit's appends wait no longer than the lease is certainly ours.
         self._lease_left = lease_left
-        self._schedules = ScheduleStore(connection)
+        self._schedules = schedules or ScheduleStore(connection)
 
     async def commit(
         self, activation: Activation, work: _Work, ctx: Context, reply: Reply, reply_bytes: bytes | None

@@ -33,6 +33,7 @@ from plexus.runtime.store._checkpoints import CheckpointStore
 from plexus.runtime.store._consumer_records import ConsumerRecords
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.store._outage import is_nats_outage
+from plexus.runtime.store._schedule_store import ScheduleStore
 from plexus.runtime.wire._envelope import (
     RESEND,
     Envelope,
@@ -101,7 +102,12 @@ class Worker(Upkeep):
             lambda aid: connection.event_log(aid).last_seq(),
             lambda aid, seq: self._committer.logged_since(aid, seq),
         )
-        self._committer = Committer(connection, self._activations, self._work_gate, self._lease_left)
+        # One store for the handlers' schedule calls and the commits that write them: its count of stored
+        # schedules (for the tenant's limit) follows this worker's own writes.
+        schedules = ScheduleStore(connection, max_pending=self.config.max_pending_schedules)
+        self._committer = Committer(
+            connection, self._activations, self._work_gate, self._lease_left, schedules=schedules
+        )
         #: Durable work by its handler's context while it runs: `_invoke` looks at its lease once more.
         self._starting: dict[int, _Work] = {}
         self._intake = Intake(app, connection, self.worker_id)
@@ -124,7 +130,7 @@ class Worker(Upkeep):
             self._activations,
             ClusterSupervisor(connection, self.control, self.orchestrator),
             self._lease_gate,
-            self.config.max_pending_schedules,
+            schedules,
         )
         self._chains = HandleChains(
             self.control, self.orchestrator, self._backend.reload, app.interceptors, self._invoke
