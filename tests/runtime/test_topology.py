@@ -137,8 +137,9 @@ async def test_idempotent_and_concurrent_calls_from_many_connections(nats_server
         again = await ensure_topology(conns[0].jetstream())
         assert all(t.partitions == 16 for t in [*topos, again])
         infos = await conns[0].jetstream().streams_info()
-        # Exactly one of each: 6 streams, 8 KV buckets (the gateway's two included), 1 object store.
-        assert len(infos) == 15
+        # Exactly one of each: 6 streams, 9 KV buckets (the gateway's two and the partition consumers'
+        # records included), 1 object store.
+        assert len(infos) == 16
         # Every handle works on the shared buckets.
         await topos[0].registry.put("echo", b"x")
         assert (await topos[5].registry.get("echo")).value == b"x"

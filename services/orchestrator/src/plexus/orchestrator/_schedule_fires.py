@@ -16,6 +16,7 @@ import logging
 import time
 
 from nats.aio.msg import Msg
+from nats.errors import ConnectionClosedError
 from nats.errors import TimeoutError as NatsTimeoutError
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
@@ -108,6 +109,11 @@ class FireConsumer:
                 continue
             except asyncio.CancelledError:
                 raise
+            except ConnectionClosedError:
+                # Closed for good (nats-py gave it up): the replica exits and another serves the fires. A loop
+                # that kept fetching would keep the process from ending.
+                log.warning("the connection is closed: no more schedule fires fetched here")
+                return
             except Exception:
                 log.warning("fetching schedule fires failed; retrying", exc_info=True)
                 await asyncio.sleep(1.0)
