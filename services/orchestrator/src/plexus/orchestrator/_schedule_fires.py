@@ -64,6 +64,8 @@ class FireConsumer:
         self.states = states
         self.namespace_token = namespace_token
         self.buffer_recheck_s = buffer_recheck_s
+        #: How long `start` keeps asking for the shared consumer while the cluster does not answer.
+        self.start_timeout_s = 60.0
         self._task: asyncio.Task[None] | None = None
         self._sub: JetStreamContext.PullSubscription | None = None
 
@@ -84,9 +86,20 @@ class FireConsumer:
             max_deliver=-1,
             max_ack_pending=1000,
         )
-        self._sub = await self.js.pull_subscribe(
-            subject, durable=self.durable, stream=self.book.stream, config=config
-        )
+        # Replicas start together and create the one durable consumer they share; on R3 under load its
+        # creation (a consumer leader's election) can outlast one API request: asked again, not fatal.
+        deadline = time.monotonic() + self.start_timeout_s
+        while True:
+            try:
+                self._sub = await self.js.pull_subscribe(
+                    subject, durable=self.durable, stream=self.book.stream, config=config
+                )
+                break
+            except Exception as exc:
+                if not is_unavailable(exc) or time.monotonic() > deadline:
+                    raise
+                log.warning("the schedule fires' consumer is not answering yet (%r); asking again", exc)
+                await asyncio.sleep(1.0)
         self._task = asyncio.create_task(self._loop(), name="schedule-fires")
 
     async def stop(self) -> None:
