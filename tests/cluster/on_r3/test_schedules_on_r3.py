@@ -4,6 +4,7 @@ least-privileged user (a permissions violation fails the test), and a fire while
 inbox."""
 
 import asyncio
+import os
 import time
 from typing import Any
 
@@ -55,11 +56,12 @@ async def test_the_inbox_sources_fired_copies_right_after_the_topology(runtime: 
 
 
 @pytest.mark.timeout(LEADER_WAIT_S * 2 + 60)
-@pytest.mark.xfail(
-    strict=False,
-    reason="open (issue 40): in 2 of 3 runs on a loaded 2-core machine the timer fired into PLEXUS_SCHEDULES "
-    "and the inbox's source reported no lag and no error, yet neither the timer's message nor the reminder's "
-    "ticks reached the handlers within 120 s (the worker's lease renewals got no answer meanwhile)",
+@pytest.mark.skipif(
+    os.environ.get("PLEXUS_RUN_OPEN_ISSUES") != "1",
+    reason="open (issue 40; PLEXUS_RUN_OPEN_ISSUES=1 runs it): in 3 of 4 runs on a loaded 2-core machine "
+    "the timer fired into PLEXUS_SCHEDULES and the inbox's source reported no lag and no error, yet neither "
+    "the timer's message nor the reminder's ticks reached the handlers within 120 s (the worker's lease "
+    "renewals got no answer meanwhile). Out of `make test` rather than an expected failure that cannot fail.",
 )
 async def test_a_timer_fires_once_and_a_reminder_ticks_after_kill9_of_the_schedules_leader(
     nats_server: SecuredSeed, start_worker: StartWorker
