@@ -35,7 +35,8 @@ def _seed(which: str) -> int:
     return int(replay) if replay else random.SystemRandom().randrange(2**32)
 
 
-@pytest.mark.parametrize("which", ["fixed", "random"])
+# The random run is in test_schema_random.py: its own file, so the two runs go to different test workers.
+@pytest.mark.parametrize("which", ["fixed"])
 async def test_schemathesis_all_checks_pass(start_gateway: StartGateway, which: str) -> None:
     # No rate limit here: the fuzzer's request rate would otherwise be answered 429, which hides every other
     # check (429 itself is documented on every /v1 operation; test_statuses covers it).
