@@ -90,7 +90,24 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
-class StartRun(_Strict):
+class _RunRequest(_Strict):
+    """What starts run trees (a run now, a schedule's runs later): its root agent and priority."""
+
+    @field_validator("agent_id", check_fields=False)
+    @classmethod
+    def _agent(cls, value: str) -> str:
+        AgentId.parse(value)  # ValueError names the problem
+        return value
+
+    @field_validator("priority", check_fields=False)
+    @classmethod
+    def _priority(cls, value: int) -> int:
+        if value not in _PRIORITIES:
+            raise ValueError(f"priority must be one of {_PRIORITIES}")
+        return value
+
+
+class StartRun(_RunRequest):
     """Start a run tree rooted at ``agent_id`` (``[namespace/]type/key``)."""
 
     agent_id: str = Field(min_length=3, max_length=512, pattern=_AGENT_ID, examples=["researcher/topic-1"])
@@ -105,19 +122,6 @@ class StartRun(_Strict):
     run_id: str | None = Field(
         default=None, min_length=1, max_length=128, pattern=_NAME, description="idempotency key"
     )
-
-    @field_validator("agent_id")
-    @classmethod
-    def _agent(cls, value: str) -> str:
-        AgentId.parse(value)  # ValueError names the problem
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _priority(cls, value: int) -> int:
-        if value not in _PRIORITIES:
-            raise ValueError(f"priority must be one of {_PRIORITIES}")
-        return value
 
 
 class RunCreated(BaseModel):

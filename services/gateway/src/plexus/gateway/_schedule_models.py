@@ -8,9 +8,9 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field, JsonValue, field_validator
 
-from plexus.core import AgentId, Priority
+from plexus.core import Priority
 
-from ._models import _AGENT_ID, _PRIORITIES, Block, Budget, Spawn, _Strict
+from ._models import _AGENT_ID, _PRIORITIES, Block, Budget, Spawn, _RunRequest
 
 __all__ = [
     "SCHEDULE_ID",
@@ -61,7 +61,7 @@ ZONES = sorted(zoneinfo.available_timezones() | {"UTC"})
 _ZONE_ENUM: list[JsonValue] = list(ZONES)
 
 
-class _CreateSchedule(_Strict):
+class _CreateSchedule(_RunRequest):
     agent_id: str = Field(min_length=3, max_length=512, pattern=_AGENT_ID, examples=["reporter/weekly"])
     input: list[Block] = Field(max_length=1000, examples=[[{"type": "text", "text": "write the report"}]])
     id: str | None = Field(
@@ -79,19 +79,6 @@ class _CreateSchedule(_Strict):
         description=f"one of {_PRIORITIES}",
         json_schema_extra={"enum": list(_PRIORITIES)},
     )
-
-    @field_validator("agent_id")
-    @classmethod
-    def _agent(cls, value: str) -> str:
-        AgentId.parse(value)  # ValueError names the problem
-        return value
-
-    @field_validator("priority")
-    @classmethod
-    def _priority(cls, value: int) -> int:
-        if value not in _PRIORITIES:
-            raise ValueError(f"priority must be one of {_PRIORITIES}")
-        return value
 
 
 class CreateCronSchedule(_CreateSchedule):
