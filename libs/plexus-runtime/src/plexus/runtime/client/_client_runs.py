@@ -58,6 +58,23 @@ __all__ = ["RunsClient"]
 
 #: While a run is awaited its record is read again this often (seconds), in case a write's message was lost.
 _REREAD_S = 2.0
+#: After a notice that the run ended, the first wait before reading the stream again (a write in flight).
+_SOON_S = 0.02
+
+
+class _Status(msgspec.Struct):
+    status: str = ""
+
+
+_STATUS = msgspec.json.Decoder(type=_Status)
+
+
+def _status_of(data: bytes) -> str | None:
+    """The status a notice's record claims (None when it is not a record: read the stream anyway)."""
+    try:
+        return _STATUS.decode(data).status
+    except msgspec.DecodeError:
+        return None
 
 
 _T = TypeVar("_T", bound=BaseModel)
@@ -224,43 +241,53 @@ class RunsClient:
     async def wait_run(
         self, run_id: str, *, timeout: float = 60.0, until: Collection[str] = TERMINAL
     ) -> RunRecord:
-        """Wait until the run's status is in `until` (default: ended). Event-driven: a core subscription to
-        the run's KV subject sees every write of its record as it is stored; the record is read once after
-        subscribing (it may be there already) and again every `_REREAD_S` while waiting (a core message
-        can be lost on a reconnect). No consumer is created for it."""
+        """Wait until the run's stored status is in `until` (default: ended). Event-driven: a core
+        subscription to the run's KV subject notices every write of its record, and the record is then read
+        back from the stream; it is also read once after subscribing (it may be there already) and every
+        `_REREAD_S` while waiting (a core message can be lost on a reconnect). No consumer is created."""
         key = run_key(escape_token(run_id))
         bucket = self.topology.names.runs_bucket
-        updates: asyncio.Queue[bytes] = asyncio.Queue()
+        notices: asyncio.Queue[bool] = asyncio.Queue()
 
         async def on_write(msg: Msg) -> None:
-            if msg.data:  # a delete or purge marker has no record
-                updates.put_nowait(msg.data)
+            # A notice, never the answer: the core message is seen as the write is published, before
+            # the stream stored it (a replicated write may not be applied yet) or even when the stream
+            # rejects it (a compare-and-set that lost), so only a read of the stream is believed.
+            status = _status_of(msg.data) if msg.data else ""
+            notices.put_nowait(status is None or status in until)
 
         sub = await self.nc.subscribe(f"$KV.{bucket}.{key}", cb=on_write)
         try:
             async with asyncio.timeout(timeout):
+                # > 0 while a notice said the run ended and the stream does not show it yet: read again
+                # soon (doubling) rather than after `_REREAD_S`.
+                soon = 0.0
                 while True:
-                    try:
-                        stored = await self._connection.gets.kv_entry(bucket, key)
-                    except Exception as exc:
-                        if not is_unavailable(exc):
-                            raise
-                        stored = None  # a leader election: writes still arrive, and the read is retried
-                    if stored is not None and stored.data:
-                        record = msgspec.json.decode(stored.data, type=RunRecord)
-                        if record.status in until:
-                            return record
+                    record = await self._stored_run(bucket, key)
+                    if record is not None and record.status in until:
+                        return record
+                    ended = False
                     with contextlib.suppress(TimeoutError):
-                        async with asyncio.timeout(_REREAD_S):
-                            while True:
-                                record = msgspec.json.decode(await updates.get(), type=RunRecord)
-                                if record.status in until:
-                                    return record
+                        async with asyncio.timeout(min(soon, _REREAD_S) if soon else _REREAD_S):
+                            ended = await notices.get()
+                    soon = soon * 2 if soon else (_SOON_S if ended else 0.0)
         except TimeoutError:
             raise ReplyTimeoutError(f"run/{run_id}", run_id, timeout) from None
         finally:
             with contextlib.suppress(Exception):
                 await sub.unsubscribe()
+
+    async def _stored_run(self, bucket: str, key: str) -> RunRecord | None:
+        """The run's record as the stream stores it; None when absent or while its leader is elected."""
+        try:
+            stored = await self._connection.gets.kv_entry(bucket, key)
+        except Exception as exc:
+            if not is_unavailable(exc):
+                raise
+            return None  # a leader election: writes still arrive, and the read is retried
+        if stored is None or not stored.data:
+            return None
+        return msgspec.json.decode(stored.data, type=RunRecord)
 
     @overload
     async def run_result(
