@@ -56,10 +56,10 @@ imports: $(STAMP)
 
 # Test files run in parallel (pytest-xdist, one file per worker process at a time): most tests wait on
 # real processes, leases and timeouts rather than on the CPU, so 4 workers fit 2 cores: a 12.6-minute run used
-# ≈ 17 of the 25 CPU-minutes 2 cores offer (PYTEST_WORKERS=0: serial).
+# ≈ 17 of the 25 CPU-minutes 2 cores offer (PYTEST_WORKERS=0: serial). The 25 slowest tests are listed at the end.
 PYTEST_WORKERS ?= 4
 test: lint typecheck imports
-	$(UV) run --no-sync pytest $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
+	$(UV) run --no-sync pytest --durations=25 $(if $(filter 0,$(PYTEST_WORKERS)),,-n $(PYTEST_WORKERS) --dist loadfile)
 
 # The five distributions' wheels and sdists (each wheel built from its sdist), once their versions agree with VERSION.
 dist: $(STAMP)
