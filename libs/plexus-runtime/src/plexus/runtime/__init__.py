@@ -78,7 +78,8 @@ from .wire._envelope import (
 from .wire._scheduled_runs import RunSchedule, ScheduledRun, ScheduleInfo, ScheduleList
 from .wire._subjects import Subjects, SubjectTooLongError, checkpoint_key, escape_token, unescape_token
 from .worker._commit import MessageCommitted
-from .worker._worker import Worker, WorkerConfig
+from .worker._config import WorkerConfig
+from .worker._worker import Worker
 
 __all__ = [
     "FORK_HOOKS_GROUP",

@@ -31,7 +31,8 @@ from .ops._settings import NatsSettings, SettingsError, WorkerSettings, env_help
 from .ops._telemetry import configure_telemetry
 from .ops._version import installed_version
 from .store._consumer_records import delete_unrecorded
-from .worker._worker import Worker, WorkerConfig
+from .worker._config import WorkerConfig
+from .worker._worker import Worker
 
 __all__ = ["CliError", "ConnectionLostError", "load_object", "main", "until_stopped"]
 

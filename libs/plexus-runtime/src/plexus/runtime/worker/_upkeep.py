@@ -23,12 +23,13 @@ from plexus.runtime.store._registry import AgentTypeInfo, WorkerInfo
 from plexus.runtime.wire._subjects import inbox_partition
 
 from ._activation import ActivationTable
+from ._config import WorkerConfig
 from ._delta import STATE_DELTAS
 from ._mailbox import Mailboxes
 from ._partitions import PartitionOwner
 from ._run_control import _cancel_hard
 from ._topics import TopicReceiver
-from ._work import WorkerConfig, _Work
+from ._work import _Work
 
 __all__ = ["Upkeep"]
 

@@ -49,6 +49,7 @@ from ._backend import WorkerBackend
 from ._chains import HandleChains
 from ._commit import Committer
 from ._commit_retry import CommitRetry
+from ._config import WorkerConfig, with_lease_ttl
 from ._fencing import Fencing
 from ._gc import GcThresholds
 from ._intake import Intake
@@ -63,15 +64,13 @@ from ._work import (
     LEAVE,
     Outcome,
     Settlement,
-    WorkerConfig,
     _is_run_entry,
     _JsDelivery,
     _Work,
     run_stoppable,
-    with_lease_ttl,
 )
 
-__all__ = ["Worker", "WorkerConfig"]
+__all__ = ["Worker"]
 
 
 log = logging.getLogger("plexus.worker")
