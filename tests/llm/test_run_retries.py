@@ -40,7 +40,7 @@ from plexus.llm import (
 )
 from plexus.runtime import App, Runtime
 from plexus.runtime.orchestration import RunStatus
-from plexus.runtime.worker._run_control import retryable
+from plexus.runtime.worker.pipeline._retry import retryable
 
 from .fake_providers import Answer, FakeProvider, Sse, Status, openai_frames
 

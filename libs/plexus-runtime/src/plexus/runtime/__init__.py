@@ -27,7 +27,6 @@ from .client._fork import (
 from .client._history import HandledMessage
 from .client._supervisor import LocalSupervisor, Supervisor, new_root_run
 from .client._typed import ReplyValidationError
-from .interceptors._deadline import DeadlineInterceptor
 from .interceptors._interceptors import (
     Delivery,
     HandleInput,
@@ -39,7 +38,6 @@ from .interceptors._interceptors import (
     TracingInterceptor,
     UsageInput,
 )
-from .interceptors._metrics import MetricsInterceptor
 from .ops._auth import NatsAuth, NatsAuthError
 from .ops._denials import raise_on_denial
 from .ops._health import HealthServer
@@ -80,6 +78,8 @@ from .wire._subjects import Subjects, SubjectTooLongError, checkpoint_key, escap
 from .worker._commit import MessageCommitted
 from .worker._config import WorkerConfig
 from .worker._worker import Worker
+from .worker.pipeline._deadline import DeadlineInterceptor
+from .worker.pipeline._metrics import MetricsInterceptor
 
 __all__ = [
     "FORK_HOOKS_GROUP",

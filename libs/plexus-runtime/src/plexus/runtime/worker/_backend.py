@@ -39,7 +39,6 @@ from plexus.runtime.interceptors._interceptors import (
     UsageInput,
     chain,
 )
-from plexus.runtime.interceptors._metrics import MetricsInterceptor
 from plexus.runtime.ops._telemetry import metrics_enabled
 from plexus.runtime.store._artifacts import check_payload_size
 from plexus.runtime.store._connection import Connection
@@ -48,6 +47,7 @@ from plexus.runtime.store._schedule_store import ScheduleStore
 from plexus.runtime.wire._orchestration import FinishedReport
 
 from ._commit import CheckpointTaken
+from .pipeline._metrics import MetricsInterceptor
 
 if TYPE_CHECKING:
     from plexus.runtime._app import App

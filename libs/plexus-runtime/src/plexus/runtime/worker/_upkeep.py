@@ -27,9 +27,9 @@ from ._config import WorkerConfig
 from ._delta import STATE_DELTAS
 from ._mailbox import Mailboxes
 from ._partitions import PartitionOwner
-from ._run_control import _cancel_hard
 from ._topics import TopicReceiver
 from ._work import _Work
+from .pipeline._run_control import cancel_hard
 
 __all__ = ["Upkeep"]
 
@@ -200,7 +200,7 @@ class Upkeep:
                 if work.agent_type.name == agent_type and work.partition == partition:
                     work.lease_lost = True  # queued: never started; running: stopped, not committed
                     if work.task is not None:
-                        stopper = asyncio.ensure_future(_cancel_hard(work.task))
+                        stopper = asyncio.ensure_future(cancel_hard(work.task))
                         self._stoppers.add(stopper)
                         stopper.add_done_callback(self._stoppers.discard)
 

@@ -46,17 +46,12 @@ from plexus.runtime.wire._subjects import checkpoint_key, escape_token
 
 from ._activation import Activation, ActivationTable
 from ._backend import WorkerBackend
-from ._chains import HandleChains
 from ._commit import Committer
-from ._commit_retry import CommitRetry
 from ._config import WorkerConfig, with_lease_ttl
-from ._fencing import Fencing
 from ._gc import GcThresholds
 from ._intake import Intake
 from ._partitions import PartitionOwner
-from ._run_control import RetriesExhausted
 from ._runend import RunEndReporter
-from ._steps import LeaseLost, compose
 from ._topics import TopicReceiver
 from ._upkeep import Upkeep
 from ._work import (
@@ -69,6 +64,11 @@ from ._work import (
     _Work,
     run_stoppable,
 )
+from .pipeline._chains import HandleChains
+from .pipeline._commit_retry import CommitRetry
+from .pipeline._fencing import Fencing
+from .pipeline._retry import RetriesExhausted
+from .pipeline._steps import LeaseLost, compose
 
 __all__ = ["Worker"]
 

@@ -13,14 +13,15 @@ from typing import Any
 from plexus.core import BaseBlock
 from plexus.runtime._context import Context
 from plexus.runtime.client._cluster import OrchestratorClient, RunControl
-from plexus.runtime.interceptors._deadline import DeadlineInterceptor
 from plexus.runtime.interceptors._interceptors import HandleInput, Interceptor, TracingInterceptor, chain
-from plexus.runtime.interceptors._logging import LoggingInterceptor
-from plexus.runtime.interceptors._metrics import MetricsInterceptor
 from plexus.runtime.ops._telemetry import metrics_enabled
 from plexus.runtime.wire._envelope import Envelope
 
-from ._run_control import RetryInterceptor, RunControlInterceptor
+from ._deadline import DeadlineInterceptor
+from ._logging import LoggingInterceptor
+from ._metrics import MetricsInterceptor
+from ._retry import RetryInterceptor
+from ._run_control import RunControlInterceptor
 
 __all__ = ["HandleChains"]
 

@@ -12,9 +12,8 @@ import time
 from typing import TYPE_CHECKING
 
 from plexus.core import BaseBlock, CancellationError
+from plexus.runtime.interceptors._interceptors import HandleInput, HandleNext, Interceptor
 from plexus.runtime.ops._ticks import TickWheel, wheel_of
-
-from ._interceptors import HandleInput, HandleNext, Interceptor
 
 if TYPE_CHECKING:
     from plexus.runtime._context import Context

@@ -10,9 +10,14 @@ from __future__ import annotations
 import time
 
 from plexus.core import BaseBlock, BudgetExhaustedError
+from plexus.runtime.interceptors._interceptors import (
+    HandleInput,
+    HandleNext,
+    Interceptor,
+    UsageInput,
+    UsageNext,
+)
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
-
-from ._interceptors import HandleInput, HandleNext, Interceptor, UsageInput, UsageNext
 
 __all__ = ["MetricsInterceptor"]
 

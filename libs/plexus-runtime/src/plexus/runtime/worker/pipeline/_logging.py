@@ -20,9 +20,8 @@ from plexus.core import (
     MiddlewareTermination,
     SpawnDenied,
 )
+from plexus.runtime.interceptors._interceptors import HandleInput, HandleNext, Interceptor
 from plexus.runtime.wire._orchestration import ApprovalRequired
-
-from ._interceptors import HandleInput, HandleNext, Interceptor
 
 __all__ = ["LoggingInterceptor"]
 

@@ -6,9 +6,9 @@ import logging
 from collections.abc import Callable
 
 from plexus.core import AgentId
+from plexus.runtime.worker._work import LEAVE, Settlement, _Work
 
 from ._steps import FENCED_WRITES, LeaseLost, SettleNext
-from ._work import LEAVE, Settlement, _Work
 
 __all__ = ["Fencing"]
 

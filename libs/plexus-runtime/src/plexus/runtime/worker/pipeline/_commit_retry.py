@@ -10,9 +10,9 @@ from collections.abc import Callable
 from plexus.core import AgentId, ConcurrentAppendError, HandlerError, KernelError
 from plexus.runtime.store._checkpoints import CheckpointConflictError
 from plexus.runtime.store._outage import is_unavailable
+from plexus.runtime.worker._work import LEAVE, Settlement, _Work, dead_letter_with
 
 from ._steps import LeaseLost, SettleNext
-from ._work import LEAVE, Settlement, _Work, dead_letter_with
 
 __all__ = ["CommitRetry"]
 

@@ -14,8 +14,7 @@ from typing import Protocol
 
 from plexus.core import ConcurrentAppendError
 from plexus.runtime.store._checkpoints import CheckpointConflictError
-
-from ._work import Settlement, _Work
+from plexus.runtime.worker._work import Settlement, _Work
 
 __all__ = ["FENCED_WRITES", "LOST_OWNERSHIP", "LeaseLost", "MessageStep", "SettleNext", "compose"]
 
