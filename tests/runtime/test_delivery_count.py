@@ -8,7 +8,7 @@ import pytest
 from nats.aio.msg import Msg
 
 from plexus.runtime.ops._server import NatsServer
-from plexus.runtime.worker._work import delivery
+from plexus.runtime.worker.pipeline._work import delivery
 
 
 @pytest.mark.parametrize(

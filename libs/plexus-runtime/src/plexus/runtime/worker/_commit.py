@@ -44,7 +44,8 @@ from ._activation import (
     LoggedSince,
 )
 from ._delta import STATE_DELTAS
-from ._work import _reply_text, _Work
+from ._work import _reply_text
+from .pipeline._work import Work
 
 if TYPE_CHECKING:
     from plexus.runtime._context import Context
@@ -119,12 +120,12 @@ class CheckpointTaken(KernelMessage):
 
 #: Right before a commit's writes: None when the message's lease is certainly ours, else what to await
 #: first (it raises `LeaseLost` when the lease is gone).
-CommitGate = Callable[[_Work], Awaitable[None] | None]
+CommitGate = Callable[[Work], Awaitable[None] | None]
 #: Seconds the message's lease is still certainly ours (None: no lease, e.g. core NATS work).
-LeaseLeft = Callable[[_Work], float | None]
+LeaseLeft = Callable[[Work], float | None]
 
 
-def _open(work: _Work) -> None:
+def _open(work: Work) -> None:
     return None
 
 
@@ -151,7 +152,7 @@ class Committer:
         self._schedules = schedules or ScheduleStore(connection)
 
     async def commit(
-        self, activation: Activation, work: _Work, ctx: Context, reply: Reply, reply_bytes: bytes | None
+        self, activation: Activation, work: Work, ctx: Context, reply: Reply, reply_bytes: bytes | None
     ) -> None:
         """The EventLog append (and the checkpoint's CAS after it when needed): the ack that follows only
         follows durable effects."""

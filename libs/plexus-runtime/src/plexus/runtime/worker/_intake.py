@@ -35,7 +35,8 @@ from plexus.runtime.wire._subjects import SubjectTooLongError, checkpoint_key, r
 
 from ._deadletter import dead_letter
 from ._recent_replies import RecentReplies
-from ._work import _envelope_problem, _id_problem, _origin_problem, _Work
+from ._work import _envelope_problem, _id_problem, _origin_problem
+from .pipeline._work import Work
 
 __all__ = ["Intake"]
 
@@ -54,7 +55,7 @@ class Intake:
         #: Stopped with the worker (`Worker.stop` closes it).
         self.recent_replies = RecentReplies(connection)
 
-    async def read(self, msg: Msg, *, durable: bool) -> _Work | None:
+    async def read(self, msg: Msg, *, durable: bool) -> Work | None:
         """The work `msg` carries, or None when it was dead-lettered (and answered, and acked)."""
         try:
             return await self._read(msg, durable)
@@ -63,7 +64,7 @@ class Intake:
             await self.dead_letter(msg, "garbage", f"{type(exc).__name__}: {exc}", None)
             return None
 
-    async def read_publication(self, msg: Msg, agent_types: list[str]) -> list[_Work]:
+    async def read_publication(self, msg: Msg, agent_types: list[str]) -> list[Work]:
         """The copies of topic publication `msg` (one message for all its stateless recipients) for the
         hosted `agent_types`: each addressed to the key of the topic's source, with the per-recipient message
         id ``<publication id>.<type>``. What all copies share is decoded and checked once; a publication that
@@ -75,7 +76,7 @@ class Intake:
             await self.dead_letter(msg, "garbage", f"{type(exc).__name__}: {exc}", None)
             return []
 
-    async def _read(self, msg: Msg, durable: bool) -> _Work | None:
+    async def _read(self, msg: Msg, durable: bool) -> Work | None:
         core_reply = None if durable else msg.reply
         if core_reply and not await self._reply_ok(msg, core_reply):
             return None
@@ -120,11 +121,11 @@ class Intake:
             return None
         if env.run is None:  # a foreign sender may omit it: the message starts a run, as a client's does
             env = msgspec.structs.replace(env, run=new_root_run())
-        return _Work(
+        return Work(
             msg=msg, env=env, agent_type=agent_type, agent_id=agent_id, durable=durable, blocks=blocks
         )
 
-    async def _read_publication(self, msg: Msg, agent_types: list[str]) -> list[_Work]:
+    async def _read_publication(self, msg: Msg, agent_types: list[str]) -> list[Work]:
         if msg.reply and not await self._reply_ok(msg, msg.reply):
             return []
         try:
@@ -176,7 +177,7 @@ class Intake:
 
     async def _topic_copy(
         self, msg: Msg, env: Envelope, topic: TopicId, name: str, blocks: list[BaseBlock], id_ok: bool
-    ) -> _Work | None:
+    ) -> Work | None:
         """Agent type `name`'s copy of publication `env`, or None when that copy was dead-lettered."""
         copy_id = topic_copy_id(env.id, name)
         try:
@@ -196,7 +197,7 @@ class Intake:
             await self.dead_letter(msg, "schema", problem, copy)
             return None
         # Blocks are frozen; each handler gets its own list.
-        return _Work(
+        return Work(
             msg=msg, env=copy, agent_type=agent_type, agent_id=agent_id, durable=False, blocks=list(blocks)
         )
 
@@ -255,13 +256,13 @@ class Intake:
         return await dead_letter(self.connection, subjects, self.worker_id, msg, reason, detail, env)
 
     async def reply(self, env: Envelope, msg: Msg, reply: Reply) -> None:
-        # The same preference as `_Work.reply_to`: a core requester waits on msg.reply, not on the body's.
+        # The same preference as `Work.reply_to`: a core requester waits on msg.reply, not on the body's.
         core = None if (msg.reply or "").startswith(_JS_PREFIX) else msg.reply
         target = core or env.reply_to
         if target:
             await self.publish_reply(target, encode_reply(reply))
 
-    async def answer_unkept_resend(self, work: _Work, seen: bool) -> None:
+    async def answer_unkept_resend(self, work: Work, seen: bool) -> None:
         """Answer a resend (`RESEND`) of a message whose reply its agent does not keep. A probe for one not
         handled yet gets no answer: its own handling answers the caller (reconnected by now). Otherwise the
         agent no longer remembers it, or did not keep its reply: answering by running the handler could run

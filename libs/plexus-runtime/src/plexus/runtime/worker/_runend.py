@@ -27,7 +27,8 @@ from plexus.runtime.wire._orchestration import (
     RunStateError,
 )
 
-from ._work import ACK, Settlement, _is_run_entry, _Work, dead_letter_with, retry_after
+from ._work import _is_run_entry
+from .pipeline._work import ACK, Settlement, Work, dead_letter_with, retry_after
 
 __all__ = ["REPORT_RETRY_S", "RunEndReporter"]
 
@@ -51,7 +52,7 @@ class RunEndReporter:
         self.orchestrator = orchestrator
         self.namespace = namespace
 
-    async def report(self, work: _Work, reply: Reply) -> Settlement:
+    async def report(self, work: Work, reply: Reply) -> Settlement:
         """Report the end of `work`'s run if it started one; how the message ends, as far as that goes."""
         env = work.env
         run = env.run

@@ -24,7 +24,7 @@ from plexus.runtime.wire._subjects import escape_token
 
 from ._intake import Intake
 from ._mailbox import Mailboxes
-from ._work import _Work
+from .pipeline._work import Work
 
 __all__ = ["TopicReceiver"]
 
@@ -33,7 +33,7 @@ class TopicReceiver:
     """Subscribes a worker to its namespaces' topic publications and queues each hosted type's copy."""
 
     def __init__(
-        self, app: App, connection: Connection, intake: Intake, mailboxes: Mailboxes[AgentId, _Work]
+        self, app: App, connection: Connection, intake: Intake, mailboxes: Mailboxes[AgentId, Work]
     ) -> None:
         self._app = app
         self._connection = connection

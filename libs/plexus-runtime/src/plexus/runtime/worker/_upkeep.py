@@ -28,8 +28,8 @@ from ._delta import STATE_DELTAS
 from ._mailbox import Mailboxes
 from ._partitions import PartitionOwner
 from ._topics import TopicReceiver
-from ._work import _Work
 from .pipeline._run_control import cancel_hard
+from .pipeline._work import Work
 
 __all__ = ["Upkeep"]
 
@@ -46,9 +46,9 @@ class Upkeep:
     started_at: float
     _closed: bool
     _owners: dict[str, PartitionOwner]
-    _unacked: set[_Work]
+    _unacked: set[Work]
     _activations: ActivationTable
-    _mailboxes: Mailboxes[AgentId, _Work]
+    _mailboxes: Mailboxes[AgentId, Work]
     _stoppers: set[asyncio.Future[None]]
     _topics: TopicReceiver
 

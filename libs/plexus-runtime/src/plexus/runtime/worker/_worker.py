@@ -54,21 +54,13 @@ from ._partitions import PartitionOwner
 from ._runend import RunEndReporter
 from ._topics import TopicReceiver
 from ._upkeep import Upkeep
-from ._work import (
-    ACK,
-    LEAVE,
-    Outcome,
-    Settlement,
-    _is_run_entry,
-    _JsDelivery,
-    _Work,
-    run_stoppable,
-)
+from ._work import _is_run_entry, _JsDelivery, run_stoppable
 from .pipeline._chains import HandleChains
 from .pipeline._commit_retry import CommitRetry
 from .pipeline._fencing import Fencing
 from .pipeline._retry import RetriesExhausted
 from .pipeline._steps import LeaseLost, compose
+from .pipeline._work import ACK, LEAVE, Outcome, Settlement, Work
 
 __all__ = ["Worker"]
 
@@ -90,7 +82,7 @@ class Worker(Upkeep):
         self._inflight = asyncio.Semaphore(self.config.concurrency * 4)
         from ._mailbox import Mailboxes
 
-        self._mailboxes: Mailboxes[AgentId, _Work] = Mailboxes(self._run_one, self.config.concurrency)
+        self._mailboxes: Mailboxes[AgentId, Work] = Mailboxes(self._run_one, self.config.concurrency)
         self._activations = ActivationTable(
             CheckpointStore(
                 connection.topology.checkpoints,
@@ -108,12 +100,12 @@ class Worker(Upkeep):
             connection, self._activations, self._work_gate, self._lease_left, schedules=schedules
         )
         #: Durable work by its handler's context while it runs: `_invoke` looks at its lease once more.
-        self._starting: dict[int, _Work] = {}
+        self._starting: dict[int, Work] = {}
         self._intake = Intake(app, connection, self.worker_id)
         self._topics = TopicReceiver(app, connection, self._intake, self._mailboxes)
 
         self._owners: dict[str, PartitionOwner] = {}
-        self._unacked: set[_Work] = set()
+        self._unacked: set[Work] = set()
         self._stoppers: set[asyncio.Future[None]] = set()  # handlers being stopped after a lost lease
         self._tasks: list[asyncio.Task[None]] = []
         self._subs: list[Any] = []
@@ -278,7 +270,7 @@ class Worker(Upkeep):
         return await self._intake.dlq_copy(msg, reason, detail, env)
 
     # -- handling -------------------------------------------------------------------------------------
-    async def _run_one(self, agent_id: AgentId, work: _Work) -> None:
+    async def _run_one(self, agent_id: AgentId, work: Work) -> None:
         settlement = LEAVE
         try:
             settlement = await self._steps(work)
@@ -291,7 +283,7 @@ class Worker(Upkeep):
                     self._unacked.discard(work)
                     work.done()
 
-    async def _settle(self, work: _Work, settlement: Settlement) -> None:
+    async def _settle(self, work: Work, settlement: Settlement) -> None:
         """Carry out how the message ended: the only place a handled message is acked, naked or
         dead-lettered."""
         outcome = settlement.outcome
@@ -310,11 +302,11 @@ class Worker(Upkeep):
             await self._ack(work)
         # LEAVE: not acked; JetStream redelivers it to the partition's owner after ack_wait
 
-    def _before_takeover(self, work: _Work) -> bool:
+    def _before_takeover(self, work: Work) -> bool:
         owner, p = self._owners.get(work.agent_type.name), work.partition  # (None for core NATS work)
         return owner is not None and p is not None and owner.stored_before_taken(p, work.delivery[1])
 
-    def _may_start(self, work: _Work) -> bool:
+    def _may_start(self, work: Work) -> bool:
         """Whether `work` may (still) start here: its partition's lease is certainly ours."""
         owner = self._owners.get(work.agent_type.name) if work.durable else None
         if owner is None or work.partition is None:
@@ -327,11 +319,11 @@ class Worker(Upkeep):
         work = self._starting.get(id(ctx))
         return None if work is None else self._work_gate(work)
 
-    def _work_gate(self, work: _Work) -> Awaitable[None] | None:
+    def _work_gate(self, work: Work) -> Awaitable[None] | None:
         """None while durable `work` may act (its lease certainly ours), else the store's answer to await."""
         return None if self._may_start(work) else self._confirm_lease(work)
 
-    def _lease_left(self, work: _Work) -> float | None:
+    def _lease_left(self, work: Work) -> float | None:
         """Seconds `work`'s partition lease is still certainly ours (at least a millisecond: a commit that
         asks this has just passed the gate); None for work without a lease."""
         owner = self._owners.get(work.agent_type.name) if work.durable else None
@@ -339,7 +331,7 @@ class Worker(Upkeep):
             return None
         return max(owner.fresh_until.get(work.partition, 0.0) - time.monotonic(), 0.001)
 
-    async def _confirm_lease(self, work: _Work) -> None:
+    async def _confirm_lease(self, work: Work) -> None:
         owner = self._owners.get(work.agent_type.name)
         p = work.partition
         if not work.lease_lost and owner is not None and p is not None and await owner.confirm(p):
@@ -348,12 +340,12 @@ class Worker(Upkeep):
         work.lease_lost = True
         raise LeaseLost(f"{work.agent_id}: the lease on its partition ({p}) is no longer certainly ours")
 
-    def _holds_partition(self, work: _Work) -> bool:
+    def _holds_partition(self, work: Work) -> bool:
         """Whether this worker still owns `work`'s partition (False for core NATS work)."""
         owner = self._owners.get(work.agent_type.name) if work.durable else None
         return owner is not None and work.partition is not None and owner.may_start(work.partition)
 
-    async def _handle(self, work: _Work) -> Settlement:
+    async def _handle(self, work: Work) -> Settlement:
         env, agent_type, agent_id = work.env, work.agent_type, work.agent_id
         activation = await self._activations.activate(agent_id, agent_type)
         seen, stored_reply = activation.reply_for(env.id)
@@ -415,7 +407,7 @@ class Worker(Upkeep):
             await self._committer.commit(activation, work, ctx, reply, encoded)
         return await self._end_run_then_reply(work, reply, encoded)
 
-    async def _end_run_then_reply(self, work: _Work, reply: Reply, encoded: bytes | None) -> Settlement:
+    async def _end_run_then_reply(self, work: Work, reply: Reply, encoded: bytes | None) -> Settlement:
         """Report the end of `work`'s run (if it started one), then send its `encoded` reply; settled as the
         report says (`_runend.py`): ACK, RETRY_AFTER when the orchestrator did not take it (the redelivery
         is answered from the checkpoint and reports again), DEAD_LETTER when it refused it.
@@ -427,7 +419,7 @@ class Worker(Upkeep):
             await self._intake.publish_reply(work.reply_to, encoded)
         return settlement
 
-    async def _execute(self, activation: Activation, work: _Work, ctx: Context) -> Reply:
+    async def _execute(self, activation: Activation, work: Work, ctx: Context) -> Reply:
         env = work.env
         try:
             blocks = await self.connection.artifacts.resolve(work.blocks)
@@ -483,6 +475,6 @@ class Worker(Upkeep):
         await self._backend.progress_stored(inp.ctx)  # its progress is stored before its result counts
         return result
 
-    async def _ack(self, work: _Work) -> None:
+    async def _ack(self, work: Work) -> None:
         if work.durable:
             await work.msg.ack()

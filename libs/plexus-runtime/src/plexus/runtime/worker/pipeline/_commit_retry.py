@@ -10,9 +10,9 @@ from collections.abc import Callable
 from plexus.core import AgentId, ConcurrentAppendError, HandlerError, KernelError
 from plexus.runtime.store._checkpoints import CheckpointConflictError
 from plexus.runtime.store._outage import is_unavailable
-from plexus.runtime.worker._work import LEAVE, Settlement, _Work, dead_letter_with
 
 from ._steps import LeaseLost, SettleNext
+from ._work import LEAVE, Settlement, Work, dead_letter_with
 
 __all__ = ["CommitRetry"]
 
@@ -36,7 +36,7 @@ class CommitRetry:
     def __init__(
         self,
         unavailable_retry_s: float,
-        may_start: Callable[[_Work], bool],
+        may_start: Callable[[Work], bool],
         stopping: Callable[[], bool],
         drop: Callable[[AgentId], None],
         attempts: int = 3,
@@ -47,7 +47,7 @@ class CommitRetry:
         self._drop = drop
         self._attempts = attempts
 
-    async def process(self, work: _Work, call_next: SettleNext) -> Settlement:
+    async def process(self, work: Work, call_next: SettleNext) -> Settlement:
         attempts = self._attempts
         # `work.outage_until` also tells the handling whether a handler that met an outage is run again.
         deadline = work.outage_until = time.monotonic() + self._unavailable_retry_s

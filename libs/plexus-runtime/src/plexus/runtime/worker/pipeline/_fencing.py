@@ -6,9 +6,9 @@ import logging
 from collections.abc import Callable
 
 from plexus.core import AgentId
-from plexus.runtime.worker._work import LEAVE, Settlement, _Work
 
 from ._steps import FENCED_WRITES, LeaseLost, SettleNext
+from ._work import LEAVE, Settlement, Work
 
 __all__ = ["Fencing"]
 
@@ -33,8 +33,8 @@ class Fencing:
 
     def __init__(
         self,
-        may_start: Callable[[_Work], bool],
-        holds_partition: Callable[[_Work], bool],
+        may_start: Callable[[Work], bool],
+        holds_partition: Callable[[Work], bool],
         drop: Callable[[AgentId], None],
     ) -> None:
         #: Whether the message may (still) start: its partition's lease is certainly ours.
@@ -44,7 +44,7 @@ class Fencing:
         #: Drops the key's activation: the next try starts from what is stored.
         self._drop = drop
 
-    async def process(self, work: _Work, call_next: SettleNext) -> Settlement:
+    async def process(self, work: Work, call_next: SettleNext) -> Settlement:
         agent_id = work.agent_id
         try:
             for fenced in range(FENCED_RETRIES + 1):

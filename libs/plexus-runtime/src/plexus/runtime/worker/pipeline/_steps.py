@@ -14,12 +14,13 @@ from typing import Protocol
 
 from plexus.core import ConcurrentAppendError
 from plexus.runtime.store._checkpoints import CheckpointConflictError
-from plexus.runtime.worker._work import Settlement, _Work
+
+from ._work import Settlement, Work
 
 __all__ = ["FENCED_WRITES", "LOST_OWNERSHIP", "LeaseLost", "MessageStep", "SettleNext", "compose"]
 
 #: The rest of the chain: handles `work` and tells how it ends.
-SettleNext = Callable[[_Work], Awaitable[Settlement]]
+SettleNext = Callable[[Work], Awaitable[Settlement]]
 
 
 class LeaseLost(Exception):
@@ -37,7 +38,7 @@ LOST_OWNERSHIP: tuple[type[Exception], ...] = (LeaseLost, *FENCED_WRITES)
 
 
 class MessageStep(Protocol):
-    async def process(self, work: _Work, call_next: SettleNext) -> Settlement: ...
+    async def process(self, work: Work, call_next: SettleNext) -> Settlement: ...
 
 
 def compose(steps: Sequence[MessageStep], terminal: SettleNext) -> SettleNext:
@@ -51,7 +52,7 @@ def compose(steps: Sequence[MessageStep], terminal: SettleNext) -> SettleNext:
 def _bind(step: MessageStep, nxt: SettleNext) -> SettleNext:
     process = step.process
 
-    def run(work: _Work) -> Awaitable[Settlement]:
+    def run(work: Work) -> Awaitable[Settlement]:
         return process(work, nxt)
 
     return run
