@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, TypeVar
 
 from opentelemetry import context as otel_context
 from opentelemetry import propagate, trace
@@ -37,8 +37,12 @@ __all__ = [
     "TracingInterceptor",
     "UsageInput",
     "chain",
+    "compose",
     "overrides",
 ]
+
+_In = TypeVar("_In")
+_Out = TypeVar("_Out")
 
 
 class Delivery(Protocol):
@@ -165,24 +169,34 @@ def chain(interceptors: Sequence[Interceptor], hook: str, terminal: Callable[[An
 
     Interceptors that do not override `hook` are skipped: with none left, the terminal itself is returned.
     """
-    call: Callable[[Any], Awaitable[Any]] = terminal
-    for interceptor in reversed(interceptors):
-        if not overrides(interceptor, hook):
-            continue
-        method = getattr(interceptor, hook)
-        call = _bind(method, call)
+    return compose([getattr(i, hook) for i in interceptors if overrides(i, hook)], terminal)
+
+
+def compose(
+    wrappers: Sequence[Callable[[_In, Callable[[_In], Awaitable[_Out]]], Awaitable[_Out]]],
+    terminal: Callable[[_In], Awaitable[_Out]],
+) -> Callable[[_In], Awaitable[_Out]]:
+    """`wrappers` around `terminal`, the first one outermost: each is called with the input and the rest.
+
+    The one composition of the runtime: the interceptor chains (`chain`) and the worker's message steps
+    (`worker/pipeline/`) are both built with it.
+    """
+    call = terminal
+    for wrapper in reversed(wrappers):
+        call = _bind(wrapper, call)
     return call
 
 
 def _bind(
-    method: Callable[[Any, Any], Awaitable[Any]], nxt: Callable[[Any], Awaitable[Any]]
-) -> Callable[[Any], Awaitable[Any]]:
-    # A plain function handing back the interceptor's own awaitable: no coroutine of its own per call
-    # (five interceptors wrap every message's handler).
-    def step(inp: Any) -> Awaitable[Any]:
-        return method(inp, nxt)
+    wrapper: Callable[[_In, Callable[[_In], Awaitable[_Out]]], Awaitable[_Out]],
+    nxt: Callable[[_In], Awaitable[_Out]],
+) -> Callable[[_In], Awaitable[_Out]]:
+    # A plain function handing back the wrapper's own awaitable: no coroutine of its own per call (seven
+    # interceptors and steps wrap every message's handler).
+    def link(inp: _In) -> Awaitable[_Out]:
+        return wrapper(inp, nxt)
 
-    return step
+    return link
 
 
 _tracer = trace.get_tracer("plexus.runtime")

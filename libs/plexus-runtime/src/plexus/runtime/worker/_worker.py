@@ -26,7 +26,7 @@ from plexus.runtime._app import App
 from plexus.runtime._context import Context
 from plexus.runtime.client._client import Runtime
 from plexus.runtime.client._cluster import ClusterSupervisor, RunControl
-from plexus.runtime.interceptors._interceptors import HandleInput
+from plexus.runtime.interceptors._interceptors import HandleInput, compose
 from plexus.runtime.ops._telemetry import INSTRUMENTS, metrics_enabled
 from plexus.runtime.store._artifacts import PayloadTooLargeError
 from plexus.runtime.store._checkpoints import CheckpointStore
@@ -59,7 +59,7 @@ from .pipeline._chains import HandleChains
 from .pipeline._commit_retry import CommitRetry
 from .pipeline._fencing import Fencing
 from .pipeline._retry import RetriesExhausted
-from .pipeline._steps import LeaseLost, compose
+from .pipeline._steps import LeaseLost
 from .pipeline._work import ACK, LEAVE, Outcome, Settlement, Work
 
 __all__ = ["Worker"]
@@ -127,15 +127,12 @@ class Worker(Upkeep):
             self.control, self.orchestrator, self._backend.reload, app.interceptors, self._invoke
         )
         self._run_control = self._chains.run_control
-        # Around each message's handling, outermost first: its lease and fenced commits, then retries.
+        # Around each message's handling, outermost first: its lease and fenced commits, then retries
+        # (the whole order: `pipeline/__init__.py`).
         drop = self._activations.drop
-        self._steps = compose(
-            [
-                Fencing(self._may_start, self._holds_partition, drop),
-                CommitRetry(self.config.unavailable_retry_s, self._may_start, lambda: self._stopping, drop),
-            ],
-            self._handle,
-        )
+        fencing = Fencing(self._may_start, self._holds_partition, drop)
+        retry = CommitRetry(self.config.unavailable_retry_s, self._may_start, lambda: self._stopping, drop)
+        self._steps = compose([fencing.process, retry.process], self._handle)
         self._stopping = False
         self._closed = False
         self._gc_held = False

@@ -3,13 +3,13 @@
 A step gets the message and the rest of the chain (`call_next`, the next step or, innermost, the worker's
 handling) and returns how the message ends: what `call_next` returned, or an outcome of its own (LEAVE for
 a lost lease, DEAD_LETTER for a poison message, ...). No step acks, naks or dead-letters anything itself.
-Steps are composed like the interceptor chains (`interceptors/_interceptors.chain`): plain functions, no
-coroutine of their own per step.
+Steps are composed by the function that builds the interceptor chains (`interceptors/_interceptors.compose`,
+with each step's `process`); the order is in `worker/pipeline/__init__.py`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from plexus.core import ConcurrentAppendError
@@ -17,7 +17,7 @@ from plexus.runtime.store._checkpoints import CheckpointConflictError
 
 from ._work import Settlement, Work
 
-__all__ = ["FENCED_WRITES", "LOST_OWNERSHIP", "LeaseLost", "MessageStep", "SettleNext", "compose"]
+__all__ = ["FENCED_WRITES", "LOST_OWNERSHIP", "LeaseLost", "MessageStep", "SettleNext"]
 
 #: The rest of the chain: handles `work` and tells how it ends.
 SettleNext = Callable[[Work], Awaitable[Settlement]]
@@ -39,20 +39,3 @@ LOST_OWNERSHIP: tuple[type[Exception], ...] = (LeaseLost, *FENCED_WRITES)
 
 class MessageStep(Protocol):
     async def process(self, work: Work, call_next: SettleNext) -> Settlement: ...
-
-
-def compose(steps: Sequence[MessageStep], terminal: SettleNext) -> SettleNext:
-    """`steps` around `terminal`, the first one outermost."""
-    call = terminal
-    for step in reversed(steps):
-        call = _bind(step, call)
-    return call
-
-
-def _bind(step: MessageStep, nxt: SettleNext) -> SettleNext:
-    process = step.process
-
-    def run(work: Work) -> Awaitable[Settlement]:
-        return process(work, nxt)
-
-    return run
