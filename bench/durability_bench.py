@@ -53,7 +53,8 @@ async def _measure(urls: list[str], replicas: int, total: int, inflight: int) ->
 
 
 async def _run(mode: str) -> Results:
-    from plexus.runtime import NatsCluster, NatsServer
+    from plexus.runtime import NatsServer
+    from plexus.runtime.kernel import NatsCluster
 
     total = 200 if mode == "quick" else 1000
     results = Results(info={"total_per_point": total, "store": "one disk, loopback network"})

@@ -45,7 +45,8 @@ from plexus.core import (
     TopicId,
     stream_event_from_json,
 )
-from plexus.runtime import Agent, App, Context, Runtime, TypeSubscription, Worker, WorkerConfig, new_root_run
+from plexus.runtime import Agent, App, Context, Runtime, Worker, WorkerConfig, new_root_run
+from plexus.runtime.kernel import TypeSubscription
 
 FAN_TOPIC = "bench-fan"
 FAN_SINKS = 10

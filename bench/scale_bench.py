@@ -90,7 +90,8 @@ class _Proc:
 # -- client --------------------------------------------------------------------------------------------
 async def _owners(rt: object) -> dict[str, int]:
     """worker id -> partitions of the bench type it holds a lease on now (keys ``<ns>.<type>.<p>``)."""
-    from plexus.runtime import Runtime, escape_token
+    from plexus.runtime import Runtime
+    from plexus.runtime.kernel import escape_token
 
     assert isinstance(rt, Runtime)
     prefix = f"{escape_token(rt.namespace)}.{escape_token(TYPE)}."

@@ -36,7 +36,7 @@ from deploy.spec import (
     SERVICES,
     STREAM_REPLICAS,
 )
-from plexus.runtime import NatsCluster
+from plexus.runtime.kernel import NatsCluster
 
 from .netns import Host, Network, netns_available
 from .processes import start_time, stop

@@ -22,7 +22,8 @@ from pathlib import Path
 
 from deploy.local.netns import Host, Network
 
-from plexus.runtime import NatsCluster, Runtime
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import NatsCluster
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.chaos.app:app"

@@ -22,7 +22,8 @@ import pytest
 from plexus.core import AgentId, BaseBlock, KernelError, TextBlock
 from plexus.gateway import SessionStore
 from plexus.gateway._access import TokenRegistry
-from plexus.runtime import Agent, App, Context, NatsCluster, Runtime, Worker, WorkerConfig
+from plexus.runtime import Agent, App, Context, Runtime, Worker, WorkerConfig
+from plexus.runtime.kernel import NatsCluster
 from plexus.runtime.orchestration import RunRecord
 
 pytestmark = pytest.mark.slow

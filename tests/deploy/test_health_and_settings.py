@@ -20,7 +20,9 @@ from pathlib import Path
 
 import pytest
 
-from plexus.runtime import HealthServer, NatsServer, NatsSettings, WorkerSettings, load_settings
+from plexus.runtime import NatsServer
+from plexus.runtime.kernel import HealthServer, NatsSettings, load_settings
+from plexus.runtime.ops._settings import WorkerSettings
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.runtime.apps_misc:app"

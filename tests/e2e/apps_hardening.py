@@ -11,7 +11,8 @@ import json
 import os
 
 from plexus.core import AgentId, BaseBlock, KernelError, SpawnDenied, TextBlock
-from plexus.runtime import Agent, App, Connection, Context, Interceptor
+from plexus.runtime import Agent, App, Context, Interceptor
+from plexus.runtime.store._connection import Connection
 
 app = App()
 

@@ -26,8 +26,9 @@ from plexus.core import (
     SpawnBudget,
     TextBlock,
 )
-from plexus.runtime import Runtime, escape_token
+from plexus.runtime import Runtime
 from plexus.runtime.client._cluster import ServiceUnavailableError
+from plexus.runtime.kernel import escape_token
 from plexus.runtime.orchestration import TERMINAL, RunStatus
 from plexus.runtime.store._leases import LeaseManager
 from plexus.runtime.wire._orchestration import RunRecord, budget_counter_subject

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from plexus.core import AgentId, ExecutionBudget, SpawnBudget, TextBlock
-from plexus.runtime import Runtime, escape_token
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import escape_token
 from plexus.runtime.orchestration import TERMINAL, run_counter_subject
 from tests.runtime.conftest import WorkerProcess
 

@@ -28,16 +28,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, MessageId, TextBlock, TopicId
-from plexus.runtime import (
-    WIRE_VERSION,
-    Envelope,
-    NatsServer,
-    Runtime,
-    Subjects,
-    TypeSubscription,
-    encode_envelope,
-)
-from plexus.runtime.wire._envelope import payload_from_blocks
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import Envelope, Subjects, TypeSubscription, encode_envelope
+from plexus.runtime.wire._envelope import WIRE_VERSION, payload_from_blocks
 
 from .mutate import KEYS, VICTIM, Shot, shot
 

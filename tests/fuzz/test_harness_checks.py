@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from plexus.runtime import Subjects
+from plexus.runtime.kernel import Subjects
 
 from .harness import FuzzFailure, Harness
 from .mutate import Shot

@@ -14,7 +14,9 @@ import httpx
 import pytest
 
 from plexus.gateway import Gateway, GatewayConfig
-from plexus.runtime import NatsAuth, NatsServer, Runtime, security_init
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import NatsAuth
+from plexus.runtime.ops._security import security_init
 
 from .conftest import StartGateway
 

@@ -8,7 +8,7 @@ import time
 from typing import Any
 
 from plexus.core import AgentId, RunId, RunMessageReceived, TextBlock
-from plexus.runtime import escape_token
+from plexus.runtime.kernel import escape_token
 
 from .conftest import SseEvent, Stack, read_sse
 

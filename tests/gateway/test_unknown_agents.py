@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from plexus.runtime import AgentTypeInfo
+from plexus.runtime.kernel import AgentTypeInfo
 
 from .conftest import Stack
 

@@ -10,7 +10,8 @@ import pytest
 
 from plexus.core import AgentId, TextBlock
 from plexus.llm import ApprovalRequired, approve, deny
-from plexus.runtime import NatsAuth, Runtime
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import NatsAuth
 from plexus.runtime.orchestration import RunStatus
 from tests.security.seeds import SecuredSeed
 

@@ -26,9 +26,8 @@ from plexus.runtime import (
     ForkPointNotFoundError,
     InvalidForkError,
     Runtime,
-    checkpoint_key,
-    escape_token,
 )
+from plexus.runtime.kernel import checkpoint_key, escape_token
 from plexus.runtime.orchestration import RunNotFoundError, input_key, run_key, tree_key
 
 from .fake_providers import Answer, FakeProvider, Sse, openai_frames

@@ -17,7 +17,8 @@ from nats.js.api import DeliverPolicy
 
 from plexus.core import KernelError
 from plexus.orchestrator import VERBS, Orchestrator, OrchestratorConfig, SweeperConfig
-from plexus.runtime import AgentTypeInfo, NatsServer, Runtime
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import AgentTypeInfo
 from plexus.runtime.wire._orchestration import (
     RunRecord,
     TreeRecord,

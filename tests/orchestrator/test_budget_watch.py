@@ -7,7 +7,8 @@ import asyncio
 import pytest
 
 from plexus.orchestrator import BudgetWatcher, OrchestratorConfig
-from plexus.runtime import Runtime, escape_token
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import escape_token
 from plexus.runtime.orchestration import budget_counter_subject
 
 

@@ -26,7 +26,9 @@ from plexus.core import (
     TextBlock,
 )
 from plexus.orchestrator import VERBS, Orchestrator, OrchestratorConfig, SweeperConfig
-from plexus.runtime import AgentTypeInfo, NatsServer, Runtime, WorkerInfo
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import AgentTypeInfo
+from plexus.runtime.store._registry import WorkerInfo
 from plexus.runtime.wire._orchestration import (
     FinishedReport,
     RunNotFoundError,

@@ -9,7 +9,8 @@ import pytest
 
 from plexus.core import AgentId, TextBlock
 from plexus.orchestrator import Orchestrator, OrchestratorConfig, SweeperConfig
-from plexus.runtime import AgentTypeInfo, NatsServer, Runtime
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import AgentTypeInfo
 
 from .conftest import until_serving
 

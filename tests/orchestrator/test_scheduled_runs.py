@@ -27,11 +27,10 @@ from plexus.runtime import (
     InvalidScheduleError,
     NatsServer,
     Runtime,
-    ScheduleInfo,
     ScheduleNotFoundError,
     TooManySchedulesError,
 )
-from plexus.runtime.orchestration import TERMINAL
+from plexus.runtime.orchestration import TERMINAL, ScheduleInfo
 
 from .conftest import StartReplica, until_serving
 

@@ -9,7 +9,7 @@ import sys
 import tomllib
 from pathlib import Path
 
-from plexus.runtime import WorkerInfo
+from plexus.runtime.store._registry import WorkerInfo
 
 REPO = Path(__file__).resolve().parents[2]
 VERSION = (REPO / "VERSION").read_text().strip()

@@ -16,7 +16,8 @@ from plexus.core import (
     TextDelta,
     TopicId,
 )
-from plexus.runtime import Agent, App, Context, Runtime, TypeSubscription, new_root_run
+from plexus.runtime import Agent, App, Context, Runtime, new_root_run
+from plexus.runtime.kernel import TypeSubscription
 
 from .conftest import StartWorker
 

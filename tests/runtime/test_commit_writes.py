@@ -14,11 +14,11 @@ import pytest
 from nats.js.errors import KeyNotFoundError
 
 from plexus.core import AgentId, BaseBlock, HandlerError, MessageId, RunMessageReceived, TextBlock
-from plexus.runtime import Agent, App, Context, MessageCommitted, PayloadTooLargeError, Runtime
+from plexus.runtime import Agent, App, Context, PayloadTooLargeError, Runtime
 from plexus.runtime.store._registry import WorkerInfo
 from plexus.runtime.wire._subjects import checkpoint_key
 from plexus.runtime.worker._activation import CHECKPOINT_EVERY
-from plexus.runtime.worker._commit import CheckpointTaken
+from plexus.runtime.worker._commit import CheckpointTaken, MessageCommitted
 from plexus.runtime.worker._delta import STATE_DELTAS
 
 from .conftest import StartWorker

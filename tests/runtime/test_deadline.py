@@ -10,8 +10,10 @@ import msgspec
 import pytest
 
 from plexus.core import AgentId, CancellationError, TextBlock
-from plexus.runtime import Agent, AgentType, Context, DeadlineInterceptor, Envelope, HandleInput
+from plexus.runtime import Agent, AgentType, Context, HandleInput
+from plexus.runtime.kernel import Envelope
 from plexus.runtime.ops._ticks import wheel_of
+from plexus.runtime.worker.pipeline._deadline import DeadlineInterceptor
 
 OK, STOPPED, SWALLOWED = TextBlock(text="ok"), TextBlock(text="stopped"), TextBlock(text="swallowed")
 

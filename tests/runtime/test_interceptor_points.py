@@ -13,7 +13,6 @@ from plexus.core import AgentId, BaseBlock, TextBlock, TopicId
 from plexus.runtime import (
     Agent,
     App,
-    Connection,
     Context,
     Interceptor,
     ProgressInput,
@@ -21,10 +20,11 @@ from plexus.runtime import (
     Runtime,
     SendInput,
     SpawnInput,
-    TypeSubscription,
     UsageInput,
 )
 from plexus.runtime.interceptors._interceptors import HandleInput, HandleNext, chain, overrides
+from plexus.runtime.kernel import TypeSubscription
+from plexus.runtime.store._connection import Connection
 
 from .conftest import StartWorker
 

@@ -11,9 +11,8 @@ import pytest_asyncio
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, ImageBlock, MessageId, ProtocolError, TextBlock
-from plexus.runtime import SubjectTooLongError
 from plexus.runtime.store._artifacts import artifact_id_for
-from plexus.runtime.wire._subjects import checkpoint_key, escape_token
+from plexus.runtime.wire._subjects import SubjectTooLongError, checkpoint_key, escape_token
 
 from .apps_misc import DEADLINE, Served, acked, envelope, reply_error, send_raw, serving
 

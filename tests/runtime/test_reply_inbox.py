@@ -14,8 +14,10 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, AgentNotFoundError, TextBlock
-from plexus.runtime import AgentTypeInfo, NatsServer, Runtime, WorkerInfo
+from plexus.runtime import NatsServer, Runtime
 from plexus.runtime.client._replies import NoRespondersError, ReplyInbox
+from plexus.runtime.kernel import AgentTypeInfo
+from plexus.runtime.store._registry import WorkerInfo
 from plexus.runtime.wire._envelope import Reply, decode_envelope, encode_reply
 from tests.runtime.conftest import WorkerProcess
 from tests.security.seeds import identity_auth

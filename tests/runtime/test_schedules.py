@@ -17,15 +17,15 @@ from typing import Any
 import pytest
 
 from plexus.core import AgentId, AgentNotFoundError, TextBlock
-from plexus.runtime import (
-    InvalidScheduleError,
-    NatsServer,
-    Runtime,
-    SchedulesUnsupportedError,
-    TooManyTimersError,
-)
+from plexus.runtime import InvalidScheduleError, NatsServer, Runtime, TooManyTimersError
 from plexus.runtime.store._schedule_store import ScheduleStore
-from plexus.runtime.store._schedules import check_server_version, cron_spec, every_spec, timer_spec
+from plexus.runtime.store._schedules import (
+    SchedulesUnsupportedError,
+    check_server_version,
+    cron_spec,
+    every_spec,
+    timer_spec,
+)
 
 from .apps_schedules import FLAKY_RUNS
 from .apps_schedules import app as schedules_app

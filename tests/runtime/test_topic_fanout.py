@@ -16,7 +16,8 @@ import msgspec
 from nats.aio.msg import Msg
 
 from plexus.core import AgentId, BaseBlock, TextBlock, TopicId
-from plexus.runtime import Agent, App, Context, NatsServer, Runtime, TypeSubscription
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime
+from plexus.runtime.kernel import TypeSubscription
 from plexus.runtime.store._registry import topic_group
 from plexus.runtime.wire._envelope import HDR_TOPIC_TO, Envelope, encode_envelope, payload_from_blocks
 

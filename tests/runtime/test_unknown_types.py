@@ -13,7 +13,8 @@ import time
 import pytest
 
 from plexus.core import AgentId, AgentNotFoundError, BaseBlock, KernelError, TextBlock
-from plexus.runtime import Agent, AgentTypeInfo, App, Context, NatsServer, Runtime
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime
+from plexus.runtime.kernel import AgentTypeInfo
 
 from .conftest import StartWorker
 

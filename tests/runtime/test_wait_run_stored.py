@@ -8,7 +8,8 @@ import msgspec
 import pytest
 
 from plexus.core import ReplyTimeoutError
-from plexus.runtime import Runtime, escape_token
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import escape_token
 from plexus.runtime.orchestration import RunStatus
 from plexus.runtime.wire._orchestration import RunRecord, run_key
 

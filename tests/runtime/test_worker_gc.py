@@ -12,7 +12,8 @@ from typing import Any, cast
 import pytest
 
 from plexus.core import AgentId, TextBlock
-from plexus.runtime import App, Connection, Interceptor, Runtime, WorkerConfig
+from plexus.runtime import App, Interceptor, Runtime, WorkerConfig
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.worker._activation import Activation, _both
 from plexus.runtime.worker._gc import DEFAULT_GC_THRESHOLD
 from tests.runtime.apps_misc import Echo, idle_activation

@@ -16,7 +16,9 @@ import nats
 import pytest
 from nats.aio.client import Client
 
-from plexus.runtime import NatsAuth, NatsServer, Runtime, SecurityLayout, security_init
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import NatsAuth
+from plexus.runtime.ops._security import SecurityLayout, security_init
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.security.app:app"

@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from plexus.runtime import NatsAuth, NatsCluster, NatsServer, Runtime, SecurityLayout, security_init
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import NatsAuth, NatsCluster
+from plexus.runtime.ops._security import SecurityLayout, security_init
 
 __all__ = ["SecuredSeed", "identity_auth", "identity_env", "running_seed", "secured_seed"]
 

@@ -15,7 +15,8 @@ from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
 from plexus.core import AgentId, SpawnBudget, TextBlock
-from plexus.runtime import NatsAuth, Runtime
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import NatsAuth
 from plexus.runtime.orchestration import RunStatus
 
 from .conftest import APP, Secured, connect_as, operator_topology

@@ -11,7 +11,9 @@ from pathlib import Path
 
 from plexus.core import AgentId, TextBlock
 from plexus.orchestrator import Orchestrator
-from plexus.runtime import AgentTypeInfo, Runtime, ScheduledRun
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import AgentTypeInfo
+from plexus.runtime.orchestration import ScheduledRun
 from tests.security.seeds import running_seed
 
 WAIT_S = 30.0

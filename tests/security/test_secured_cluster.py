@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from plexus.runtime import NatsAuth, NatsCluster, Runtime, security_init
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import NatsAuth, NatsCluster
+from plexus.runtime.ops._security import security_init
 
 pytestmark = pytest.mark.timeout(120)
 

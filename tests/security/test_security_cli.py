@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from plexus.runtime import NatsAuth, NatsAuthError
 from plexus.runtime.cli import main
+from plexus.runtime.kernel import NatsAuth
+from plexus.runtime.ops._auth import NatsAuthError
 
 REPO = Path(__file__).resolve().parents[2]
 

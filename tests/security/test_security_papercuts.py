@@ -12,8 +12,9 @@ from pathlib import Path
 import nats
 import pytest
 
-from plexus.runtime import NatsAuth, Runtime
+from plexus.runtime import Runtime
 from plexus.runtime.cli import main
+from plexus.runtime.kernel import NatsAuth
 
 from .conftest import REPO, Secured, operator_topology
 

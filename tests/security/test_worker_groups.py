@@ -16,17 +16,10 @@ import pytest
 from nats.js.api import AckPolicy, ConsumerConfig
 
 from plexus.core import AgentId, BaseBlock, PermissionDeniedError, TextBlock
-from plexus.runtime import (
-    Agent,
-    App,
-    Context,
-    NatsServer,
-    Runtime,
-    Worker,
-    raise_on_denial,
-    security_init,
-)
+from plexus.runtime import Agent, App, Context, NatsServer, Runtime, Worker
 from plexus.runtime.cli import main
+from plexus.runtime.kernel import raise_on_denial
+from plexus.runtime.ops._security import security_init
 
 from .conftest import Secured, connect_as, operator_topology
 

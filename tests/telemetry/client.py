@@ -11,7 +11,8 @@ import sys
 from opentelemetry import trace
 
 from plexus.core import AgentId, SpawnBudget, TextBlock
-from plexus.runtime import Runtime, configure_telemetry
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import configure_telemetry
 
 
 async def main(url: str, key: str, mode: str) -> None:

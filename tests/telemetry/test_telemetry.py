@@ -25,7 +25,8 @@ from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportM
 from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
 
 from plexus.core import AgentId, TextBlock
-from plexus.runtime import NatsServer, Runtime, configure_telemetry
+from plexus.runtime import NatsServer, Runtime
+from plexus.runtime.kernel import configure_telemetry
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.telemetry.app:app"

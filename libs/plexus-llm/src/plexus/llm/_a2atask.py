@@ -28,7 +28,8 @@ from plexus.core import (
     content_block_from_dict,
     register_message_type,
 )
-from plexus.runtime import Context, EventLog, trace_headers
+from plexus.runtime import Context
+from plexus.runtime.kernel import EventLog, trace_headers
 
 from ._a2aerrors import (
     A2AAgentError,

@@ -29,7 +29,8 @@ from collections.abc import Mapping
 from typing import Any, ClassVar, Literal, overload
 
 from plexus.core import AgentId, BaseBlock, DataBlock, KernelError, MessageId
-from plexus.runtime import Runtime, blocks_from_payload
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import blocks_from_payload
 from plexus.runtime.orchestration import (
     APPROVAL_KEY,
     ApprovalRequired,

@@ -26,7 +26,8 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from plexus.core import BaseBlock, DataBlock, FinishReasonKind, Item, ItemKind, JsonValue
-from plexus.runtime import ForkPointNotFoundError, ForkSource, ForkStart, InvalidForkError
+from plexus.runtime import ForkPointNotFoundError, InvalidForkError
+from plexus.runtime.kernel import ForkSource, ForkStart
 
 from ._approvals import PENDING_KEY
 from ._conversation import TRANSCRIPT_KEY

@@ -6,7 +6,7 @@ around one model call (CLIENT; inside the retries, so each attempt is a span) an
 around one tool call (INTERNAL). Spans are made only while the handler's own span records (a tracer provider
 is installed and the trace sampled); otherwise each stage is one check and a call. The metrics
 ``gen_ai.client.token.usage`` and ``gen_ai.client.operation.duration`` are recorded when a meter provider
-is installed (`plexus.runtime.metrics_enabled`). Message content (prompts, answers, tool arguments and
+is installed (`plexus.runtime.kernel.metrics_enabled`). Message content (prompts, answers, tool arguments and
 results) goes on the spans only when opted in: ``capture_content=True``, or, left None, the conventions'
 ``OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT`` (`capture_from_env`). Names: `_semconv.py`.
 """
@@ -35,7 +35,7 @@ from plexus.core import (
     ToolResultBlock,
     ToolUseBlock,
 )
-from plexus.runtime import metrics_enabled
+from plexus.runtime.kernel import metrics_enabled
 
 from . import _semconv as sc
 from ._accumulate import ModelTurn

@@ -31,7 +31,8 @@ from plexus.core import (
     Usage,
     register_message_type,
 )
-from plexus.runtime import Context, EventLog
+from plexus.runtime import Context
+from plexus.runtime.kernel import EventLog
 
 __all__ = ["JOURNAL_SEQ_KEY", "Journal", "LlmStep", "collect_outcome"]
 

@@ -13,7 +13,7 @@ from typing import Any
 
 from plexus.core import FinishReason, FinishReasonKind
 from plexus.runtime import Agent
-from plexus.runtime.timetravel import ReplayDivergedError, register_replay_hook
+from plexus.runtime.kernel import ReplayDivergedError, register_replay_hook
 
 from ._agent import LLMAgent
 from ._client import ModelRequest

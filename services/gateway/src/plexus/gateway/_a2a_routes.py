@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from plexus.runtime import AgentTypeInfo
+from plexus.runtime.kernel import AgentTypeInfo
 
 from ._a2a import A2AHandler
 from ._problems import Problem

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Path, Query, Response
 
 from plexus.core import AgentId
-from plexus.runtime import ScheduleInfo
+from plexus.runtime.orchestration import ScheduleInfo
 
 from ._cli_schedules import schedule_row
 from ._models import _AGENT_NAME

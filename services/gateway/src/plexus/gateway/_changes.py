@@ -16,7 +16,8 @@ from typing import Any
 
 from nats.js import api as js_api
 
-from plexus.runtime import Runtime, unescape_token
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import unescape_token
 
 __all__ = ["run_changes"]
 

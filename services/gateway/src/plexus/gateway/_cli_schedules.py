@@ -11,7 +11,8 @@ from typing import Any
 import msgspec
 
 from plexus.core import AgentId, ExecutionBudget, TextBlock
-from plexus.runtime import Runtime, ScheduleInfo
+from plexus.runtime import Runtime
+from plexus.runtime.orchestration import ScheduleInfo
 
 __all__ = ["register_schedules", "schedule_row"]
 

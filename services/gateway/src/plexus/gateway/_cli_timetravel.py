@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from plexus.runtime import App, Runtime
-from plexus.runtime.cli import CliError, load_object
-from plexus.runtime.timetravel import ReplayReport, recording_lines, replay, replay_file
+from plexus.runtime.kernel import CliError, ReplayReport, load_object, recording_lines, replay, replay_file
 
 __all__ = ["add_verbs", "run"]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from nats.js.kv import KeyValue
 
-from plexus.runtime import kv_keys
+from plexus.runtime.kernel import kv_keys
 
 __all__ = ["keys_matching"]
 

@@ -18,7 +18,8 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 from plexus.core import RunId
-from plexus.runtime import NatsSettings, Runtime, configure_telemetry, load_settings
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import NatsSettings, configure_telemetry, load_settings
 
 from ._access import TokenRegistry
 from ._config import GatewayConfig

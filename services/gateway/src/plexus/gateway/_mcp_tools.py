@@ -41,7 +41,8 @@ from plexus.core import (
     TextBlock,
     content_block_to_dict,
 )
-from plexus.runtime import AgentTypeInfo, Runtime, ServiceUnavailableError
+from plexus.runtime import Runtime, ServiceUnavailableError
+from plexus.runtime.kernel import AgentTypeInfo
 
 from ._mcp_progress import ProgressRelay
 

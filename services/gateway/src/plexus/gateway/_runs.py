@@ -16,7 +16,8 @@ from typing import Any
 from nats.js.errors import KeyNotFoundError, NotFoundError
 
 from plexus.core import AgentId
-from plexus.runtime import Runtime, escape_token, unescape_token
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import escape_token, unescape_token
 from plexus.runtime.orchestration import TERMINAL as _TERMINAL
 
 from ._kv import keys_matching

@@ -23,7 +23,7 @@ from nats.js.errors import BucketNotFoundError, KeyNotFoundError, KeyWrongLastSe
 from nats.js.kv import KeyValue
 
 from plexus.core import CUSTOM_TYPE_KEY, AgentId, BaseBlock, Item, ItemKind, SessionId, TextBlock
-from plexus.runtime import escape_token
+from plexus.runtime.kernel import escape_token
 
 from ._kv import keys_matching
 

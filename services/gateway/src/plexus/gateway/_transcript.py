@@ -15,7 +15,8 @@ from typing import Any
 import msgspec
 
 from plexus.core import AgentId, entry_to_json
-from plexus.runtime import Runtime, escape_token
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import escape_token
 from plexus.runtime.orchestration import input_key
 
 __all__ = ["JOURNAL_SUFFIX", "agent_transcript"]

@@ -13,9 +13,9 @@ from typing import Any
 from pydantic import Field, ValidationError
 
 from plexus.core import KernelError
-from plexus.runtime import (
+from plexus.runtime import Runtime
+from plexus.runtime.kernel import (
     NatsSettings,
-    Runtime,
     SettingsError,
     configure_telemetry,
     env_help,

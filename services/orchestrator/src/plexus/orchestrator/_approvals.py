@@ -20,7 +20,7 @@ import time
 import msgspec
 
 from plexus.core import AgentStep, RunId, RunSuspended, content_block_to_dict
-from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers, trace_headers
+from plexus.runtime.kernel import Envelope, RunInfo, Subjects, encode_envelope, make_headers, trace_headers
 from plexus.runtime.orchestration import (
     TERMINAL,
     ApproveRequest,

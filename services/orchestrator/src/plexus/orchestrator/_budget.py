@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
 from plexus.core import BudgetExhaustedError, ExecutionBudget
-from plexus.runtime import StreamGets, escape_token, unescape_token
+from plexus.runtime.kernel import StreamGets, escape_token, unescape_token
 from plexus.runtime.orchestration import (
     COST_SCALE,
     UsageTotals,

@@ -32,7 +32,7 @@ from plexus.core import (
     RunFailed,
     RunId,
 )
-from plexus.runtime import INSTRUMENTS, metrics_enabled
+from plexus.runtime.kernel import INSTRUMENTS, metrics_enabled
 from plexus.runtime.orchestration import (
     TERMINAL,
     RunRecord,

@@ -29,7 +29,7 @@ from plexus.core import (
     SpawnBudget,
     SpawnDenied,
 )
-from plexus.runtime import Envelope, RunInfo, Subjects, encode_envelope, make_headers, trace_headers
+from plexus.runtime.kernel import Envelope, RunInfo, Subjects, encode_envelope, make_headers, trace_headers
 from plexus.runtime.orchestration import (
     TERMINAL,
     CancelRequest,

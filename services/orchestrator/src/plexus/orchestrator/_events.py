@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from opentelemetry import trace
 
 from plexus.core import AgentId, AgentProgress, AgentStep, RunEvent, RunId, TextBlock, register_message_type
-from plexus.runtime import INSTRUMENTS, EventLog, Subjects, escape_token, metrics_enabled
+from plexus.runtime.kernel import INSTRUMENTS, EventLog, Subjects, escape_token, metrics_enabled
 from plexus.runtime.orchestration import (
     CancelNotice,
     PauseNotice,

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from plexus.core import AgentId, AgentNotFoundError
-from plexus.runtime import Registry
+from plexus.runtime.kernel import Registry
 from plexus.runtime.orchestration import InvalidRunRequest, RunRecord
 
 __all__ = ["HostCheck"]

@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import (
+from plexus.runtime.kernel import (
     NatsAuth,
     Registry,
     StreamGets,

@@ -15,7 +15,7 @@ import msgspec
 from nats.js.errors import KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import escape_token
+from plexus.runtime.kernel import escape_token
 from plexus.runtime.orchestration import (
     InvalidRunRequest,
     RunSchedule,

@@ -22,7 +22,8 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from plexus.core import KernelError
-from plexus.runtime import ServiceUnavailableError, is_unavailable
+from plexus.runtime import ServiceUnavailableError
+from plexus.runtime.kernel import is_unavailable
 from plexus.runtime.orchestration import (
     TERMINAL,
     RunScheduleBook,

@@ -31,7 +31,8 @@ from plexus.core import (
     KernelError,
     SpawnDenied,
 )
-from plexus.runtime import InvalidScheduleError, ServiceUnavailableError, escape_token, is_unavailable
+from plexus.runtime import InvalidScheduleError, ServiceUnavailableError
+from plexus.runtime.kernel import escape_token, is_unavailable
 from plexus.runtime.orchestration import (
     ORCH_SERVICE_NAME,
     SCHEDULE_VERBS,

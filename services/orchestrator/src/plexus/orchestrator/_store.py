@@ -18,7 +18,7 @@ import msgspec
 from nats.js.errors import APIError, KeyNotFoundError, KeyWrongLastSequenceError
 from nats.js.kv import KeyValue
 
-from plexus.runtime import StreamGets, escape_token
+from plexus.runtime.kernel import StreamGets, escape_token
 from plexus.runtime.orchestration import (
     RunNotFoundError,
     RunRecord,

@@ -21,7 +21,7 @@ from typing import Any
 from nats.js.kv import KeyValue
 
 from plexus.core import AgentNotFoundError
-from plexus.runtime import unescape_token
+from plexus.runtime.kernel import unescape_token
 from plexus.runtime.orchestration import TERMINAL, RunRecord, RunStatus, TreeRecord
 
 from ._budget import budget_error

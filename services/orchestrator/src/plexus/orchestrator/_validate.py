@@ -21,7 +21,7 @@ from plexus.core import (
     SessionId,
     SpawnBudget,
 )
-from plexus.runtime import Subjects, WireError, blocks_from_payload, checkpoint_key, escape_token
+from plexus.runtime.kernel import Subjects, WireError, blocks_from_payload, checkpoint_key, escape_token
 from plexus.runtime.orchestration import InvalidRunRequest
 
 __all__ = [

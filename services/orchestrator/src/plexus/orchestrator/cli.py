@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import Field
 
-from plexus.runtime import (
+from plexus.runtime.kernel import (
     HealthServer,
     NatsSettings,
     SettingsError,
