@@ -1,3 +1,5 @@
-"""The interceptor chain (tracing included) and the cross-cutting features built on it: deadlines and metrics.
+"""The interceptor base class and its inputs (what users subclass), the one composition function of chains
+and message steps (`compose`), and tracing, which the client's send and publish chains use too.
 
-Run control and retries call the orchestrator, so they live above the client: `worker/_run_control.py`."""
+The worker's built-in interceptors (run control, retries, logging, metrics, deadlines) and the order of the
+whole message pipeline are in `worker/pipeline/`."""

@@ -3,8 +3,8 @@
 The worker loop only decodes, routes to per-key mailboxes, runs the interceptor chain and commits
 (EventLog → checkpoint → reply → ack). Everything else — time limits, tracing, budgets, retries — is an
 interceptor; what happens around one message's handling (its lease, fenced commits, retries in place) is a
-step (`_steps.py`) that ends it with a `Settlement`, which `_settle` alone carries out; partition ownership
-lives in `_partitions.py`; activations in `_activation.py`.
+step that ends it with a `Settlement`, which `_settle` alone carries out (`pipeline/`, whose docstring states
+the whole order); partition ownership lives in `_partitions.py`; activations in `_activation.py`.
 """
 
 from __future__ import annotations

@@ -42,9 +42,9 @@ class HandleChains:
         self.run_control = RunControlInterceptor(control)
         self._metrics = MetricsInterceptor()
         self._retry = RetryInterceptor(orchestrator, reload)
-        # The trace spans everything; run control races the whole retry loop against the tree's
-        # cancellation; retries wrap each attempt, which the deadline bounds; each failed attempt is logged
-        # (a deadline's cancellation included).
+        # In the order `__init__.py` states, and why: the trace spans everything; run control races the
+        # whole retry loop against the tree's cancellation; retries wrap each attempt, which the deadline
+        # bounds; each failed attempt is logged (a deadline's cancellation included).
         self._all: list[Interceptor] = [
             TracingInterceptor(),
             self._metrics,
