@@ -23,11 +23,8 @@ from plexus.core import (
     DEFAULT_NAMESPACE,
     AgentId,
     BaseBlock,
-    ExecutionBudget,
     MessageId,
     PermissionDeniedError,
-    RetryPolicy,
-    SpawnBudget,
     TopicId,
 )
 from plexus.runtime.interceptors._interceptors import (
@@ -57,7 +54,7 @@ from ._client_runs import RunsClient
 from ._client_schedules import SchedulesClient
 from ._cluster import OrchestratorClient
 from ._delivery import Delivery
-from ._fork import ForkEdit, ForkPoint, fork_run
+from ._forward import forward
 from ._outgoing import Outgoing
 from ._resolve import TypeResolver
 from ._typed import typed_reply
@@ -68,8 +65,10 @@ __all__ = ["Runtime"]
 _T = TypeVar("_T", bound=BaseModel)
 
 
-class Runtime(RunsClient, SchedulesClient):
-    """A connection to a Plexus cluster. Use `await Runtime.connect(url)` or `await Runtime.embedded()`."""
+class Runtime:
+    """A connection to a Plexus cluster. Use `await Runtime.connect(url)` or `await Runtime.embedded()`.
+
+    Its runs and schedules calls are those of the `RunsClient` and `SchedulesClient` it holds."""
 
     def __init__(
         self,
@@ -81,6 +80,8 @@ class Runtime(RunsClient, SchedulesClient):
         partitions: int = 16,
         heartbeat_ttl_s: float = 10.0,
         interceptors: Sequence[Interceptor] = (),
+        identity: str | None = None,
+        connection_closed: asyncio.Event | None = None,
     ) -> None:
         self.nc = nc
         self.js: JetStreamContext = nc.jetstream()
@@ -96,7 +97,7 @@ class Runtime(RunsClient, SchedulesClient):
         self._server: NatsServer | None = None
         # Set when the NATS connection is closed for good (by `close()` or by nats-py after a fatal
         # protocol error). A worker or service that finds it set must exit, never linger unregistered.
-        self.connection_closed = asyncio.Event()
+        self.connection_closed = connection_closed or asyncio.Event()
         self._connection = Connection(
             nc=nc,
             js=self.js,
@@ -114,6 +115,8 @@ class Runtime(RunsClient, SchedulesClient):
         self._connection.on_reconnect.append(self._delivery.reconnected)
         self.orchestrator = OrchestratorClient(self._connection)
         self._connection.attach_orchestrator(self.orchestrator)
+        self._runs = RunsClient(self._connection, self.connection_closed, identity)
+        self._schedules = SchedulesClient(self._connection)
         self._resolver = TypeResolver(self.registry, self._registry_cache)
         self._outgoing = Outgoing(
             self._connection, self._delivery, self._resolver, self.subscriptions, self.subjects_for
@@ -121,6 +124,11 @@ class Runtime(RunsClient, SchedulesClient):
         icpt = [TracingInterceptor(), *interceptors]
         self._send_chain = chain(icpt, "send", self._outgoing.send)
         self._publish_chain = chain(icpt, "publish", self._outgoing.publish)
+
+    @property
+    def identity(self) -> str | None:
+        """Who this connection acts as (its NATS user), kept with its approval decisions; None: unknown."""
+        return self._runs.identity
 
     @property
     def connection(self) -> Connection:
@@ -213,9 +221,9 @@ class Runtime(RunsClient, SchedulesClient):
             # The bucket's TTL, which is what a registration really lives (the operator's, if it differs).
             heartbeat_ttl_s=topology.workers_ttl_s,
             interceptors=interceptors,
+            identity=auth.user or _url_user(servers),
+            connection_closed=closed,
         )
-        rt.connection_closed = closed
-        rt.identity = auth.user or _url_user(servers)
         await raise_on_denial(rt._start(), nc)
         return rt
 
@@ -396,24 +404,40 @@ class Runtime(RunsClient, SchedulesClient):
     def event_log(self, agent_id: AgentId) -> EventLog[Any]:
         return self._connection.event_log(agent_id)
 
-    async def fork_run(
-        self,
-        run_id: str,
-        at: ForkPoint | int | None = None,
-        edit: ForkEdit | str | None = None,
-        *,
-        budget: ExecutionBudget | None = None,
-        spawn_budget: SpawnBudget | None = None,
-        retry: RetryPolicy | None = None,
-        priority: int | None = None,
-    ) -> str:
-        """Start a new run tree at a point of one agent's history in `run_id` (``at``: a `ForkPoint`, or a
-        turn of the run's own agent), optionally edited (``edit``: a `ForkEdit`, or the new user message);
-        returns the new root's run id. Its budgets are its own (the source root's limits unless given);
-        the source is only read (docs/timetravel.md, "Fork")."""
-        return await fork_run(
-            self, run_id, at, edit, budget=budget, spawn_budget=spawn_budget, retry=retry, priority=priority
-        )
+    # -- runs: observation, orchestrated runs, export and fork (`_client_runs.py`) ------------------------
+    progress = forward("_runs", RunsClient.progress)
+    stream = forward("_runs", RunsClient.stream)
+    start_run = forward("_runs", RunsClient.start_run)
+    get_run = forward("_runs", RunsClient.get_run)
+    wait_run = forward("_runs", RunsClient.wait_run)
+    approve = forward("_runs", RunsClient.approve)
+    deny = forward("_runs", RunsClient.deny)
+    cancel_run = forward("_runs", RunsClient.cancel_run)
+    export_run = forward("_runs", RunsClient.export_run)
+    fork_run = forward("_runs", RunsClient.fork_run)
+
+    @overload
+    async def run_result(
+        self, run_id: str, *, timeout: float = ..., output_type: None = None
+    ) -> list[BaseBlock]: ...
+
+    @overload
+    async def run_result(self, run_id: str, *, timeout: float = ..., output_type: type[_T]) -> _T: ...
+
+    async def run_result(
+        self, run_id: str, *, timeout: float = 60.0, output_type: type[_T] | None = None
+    ) -> list[BaseBlock] | _T:
+        """`RunsClient.run_result` (written out: a forward would lose its overloads)."""
+        return await self._runs.run_result(run_id, timeout=timeout, output_type=output_type)
+
+    # -- scheduled runs (`_client_schedules.py`) ----------------------------------------------------------
+    schedule_run = forward("_schedules", SchedulesClient.schedule_run)
+    get_schedule = forward("_schedules", SchedulesClient.get_schedule)
+    list_schedules = forward("_schedules", SchedulesClient.list_schedules)
+    pause_schedule = forward("_schedules", SchedulesClient.pause_schedule)
+    resume_schedule = forward("_schedules", SchedulesClient.resume_schedule)
+    trigger_schedule = forward("_schedules", SchedulesClient.trigger_schedule)
+    delete_schedule = forward("_schedules", SchedulesClient.delete_schedule)
 
 
 def _url_user(servers: Sequence[str]) -> str | None:

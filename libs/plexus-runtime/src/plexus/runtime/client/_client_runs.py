@@ -1,17 +1,15 @@
-"""The observation and run-tree half of `Runtime`: progress and token streams, and orchestrated runs
-(start, get, wait, result, approve, cancel), all of which go through the orchestrator or the runs bucket."""
+"""`RunsClient`: progress and token streams, and orchestrated runs (start, get, wait, result, approve, cancel,
+export, fork), all of which go through the orchestrator or the runs bucket."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Collection, Sequence
-from typing import Any, TypeVar, overload
+from typing import TypeVar, overload
 
 import msgspec
-from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
-from nats.js import JetStreamContext
 from nats.js import api as js_api
 from pydantic import BaseModel
 
@@ -29,12 +27,9 @@ from plexus.core import (
     StreamEvent,
     stream_event_from_json,
 )
-from plexus.runtime.store._artifacts import ArtifactStore
 from plexus.runtime.store._connection import Connection
-from plexus.runtime.store._eventlog import EventLog
 from plexus.runtime.store._follow import Follower
 from plexus.runtime.store._outage import is_unavailable
-from plexus.runtime.store._topology import Topology
 from plexus.runtime.wire._envelope import blocks_from_payload, payload_from_blocks
 from plexus.runtime.wire._orchestration import (
     TERMINAL,
@@ -48,10 +43,10 @@ from plexus.runtime.wire._orchestration import (
     run_key,
 )
 from plexus.runtime.wire._recording import Recording
-from plexus.runtime.wire._subjects import Subjects, escape_token
+from plexus.runtime.wire._subjects import escape_token
 
-from ._cluster import OrchestratorClient
 from ._export import export_run
+from ._fork import ForkEdit, ForkPoint, fork_run
 from ._typed import typed_reply
 
 __all__ = ["RunsClient"]
@@ -81,35 +76,27 @@ _T = TypeVar("_T", bound=BaseModel)
 
 
 class RunsClient:
-    """Mixed into `Runtime`, which provides the connection and the helpers declared here."""
+    """Progress and token streams, and orchestrated runs (start, get, wait, result, approve, cancel, export,
+    fork): requests to the orchestrator and reads of the runs bucket. `Runtime` holds one and offers its
+    methods as its own."""
 
-    nc: NATS
-    js: JetStreamContext
-    connection_closed: asyncio.Event
-    _connection: Connection
-    topology: Topology
-    subjects: Subjects
-    artifacts: ArtifactStore
-    orchestrator: OrchestratorClient
-    #: Who this connection acts as (its NATS user), recorded with its approval decisions; None: unknown.
-    identity: str | None = None
-
-    def subjects_for(self, namespace: str) -> Subjects:
-        raise NotImplementedError
-
-    def event_log(self, agent_id: AgentId) -> EventLog[Any]:
-        raise NotImplementedError
+    def __init__(self, connection: Connection, closed: asyncio.Event, identity: str | None = None) -> None:
+        self.connection = connection
+        #: Set when the NATS connection is closed for good: the streams end.
+        self.closed = closed
+        #: Who this connection acts as (its NATS user), recorded with its approval decisions; None: unknown.
+        self.identity = identity
 
     # -- observation ----------------------------------------------------------------------------------
     async def progress(self, run_id: str) -> AsyncIterator[AgentProgress]:
         """Every progress event of the run tree rooted at `run_id`: replayed from its start, then live."""
-        subject = self.subjects.progress_tree(run_id)
-        follower: Follower[Msg] = Follower(self.connection_closed)
-        sub = await self.js.subscribe(
+        subject = self.connection.subjects.progress_tree(run_id)
+        follower: Follower[Msg] = Follower(self.closed)
+        sub = await self.connection.js.subscribe(
             subject,
             ordered_consumer=True,
             deliver_policy=js_api.DeliverPolicy.ALL,
-            stream=self.topology.names.progress_stream,
+            stream=self.connection.topology.names.progress_stream,
             cb=follower.deliver,
         )
         try:
@@ -122,9 +109,10 @@ class RunsClient:
 
     async def stream(self, agent_id: AgentId) -> AsyncIterator[StreamEvent]:
         """Live token deltas of one agent (core NATS: no replay)."""
-        follower: Follower[Msg] = Follower(self.connection_closed)
-        sub = await self.nc.subscribe(
-            self.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key), cb=follower.deliver
+        follower: Follower[Msg] = Follower(self.closed)
+        sub = await self.connection.nc.subscribe(
+            self.connection.subjects_for(agent_id.namespace).stream(agent_id.type, agent_id.key),
+            cb=follower.deliver,
         )
         try:
             async for msg in follower:
@@ -154,7 +142,7 @@ class RunsClient:
         """
         request = StartRunRequest(
             agent_id=str(agent_id),
-            payload=payload_from_blocks(await self.artifacts.offload(list(blocks))),
+            payload=payload_from_blocks(await self.connection.artifacts.offload(list(blocks))),
             budget=budget.model_dump(mode="json") if budget else None,
             spawn_budget=(spawn_budget or SpawnBudget()).model_dump(mode="json"),
             retry=retry.model_dump(mode="json") if retry else None,
@@ -162,17 +150,38 @@ class RunsClient:
             session_id=session_id,
             run_id=run_id or str(RunId.new()),  # chosen here so a retried start is idempotent
         )
-        reply = await self.orchestrator.call("start", request, StartRunReply, namespace=agent_id.namespace)
+        reply = await self.connection.orchestrator.call(
+            "start", request, StartRunReply, namespace=agent_id.namespace
+        )
         return reply.run_id
 
     async def export_run(self, run_id: str, *, partial: bool = False) -> Recording:
         """The whole tree of ``run_id`` as a `Recording` (docs/timetravel.md); `RunNotEndedError` while it
         runs unless ``partial``. Reads only: the source run is not changed."""
-        return await export_run(self, run_id, partial=partial)
+        return await export_run(self.connection, run_id, partial=partial)
+
+    async def fork_run(
+        self,
+        run_id: str,
+        at: ForkPoint | int | None = None,
+        edit: ForkEdit | str | None = None,
+        *,
+        budget: ExecutionBudget | None = None,
+        spawn_budget: SpawnBudget | None = None,
+        retry: RetryPolicy | None = None,
+        priority: int | None = None,
+    ) -> str:
+        """Start a new run tree at a point of one agent's history in `run_id` (``at``: a `ForkPoint`, or a
+        turn of the run's own agent), optionally edited (``edit``: a `ForkEdit`, or the new user message);
+        returns the new root's run id. Its budgets are its own (the source root's limits unless given);
+        the source is only read (docs/timetravel.md, "Fork")."""
+        return await fork_run(
+            self, run_id, at, edit, budget=budget, spawn_budget=spawn_budget, retry=retry, priority=priority
+        )
 
     async def get_run(self, run_id: str) -> RunRecord:
         """The persisted state of one run (root or child): status, reason, tree links, usage, attempts."""
-        return await self.orchestrator.call("get", GetRunRequest(run_id=run_id), RunRecord)
+        return await self.connection.orchestrator.call("get", GetRunRequest(run_id=run_id), RunRecord)
 
     async def approve(
         self,
@@ -205,7 +214,7 @@ class RunsClient:
             suspension=suspension,
             decided_by=decided_by if decided_by is not None else self.identity,
         )
-        record = await self.orchestrator.call("approve", request, RunRecord)
+        record = await self.connection.orchestrator.call("approve", request, RunRecord)
         if wait and record.status == RunStatus.RUNNING:
             until = {*TERMINAL, RunStatus.AWAITING_APPROVAL}
             record = await self.wait_run(run_id, timeout=timeout, until=until)
@@ -236,7 +245,9 @@ class RunsClient:
 
     async def cancel_run(self, run_id: str, reason: str = "cancelled") -> RunRecord:
         """Cancel the run tree; every agent of it on every worker sees CancellationError(reason)."""
-        return await self.orchestrator.call("cancel", CancelRequest(run_id=run_id, reason=reason), RunRecord)
+        return await self.connection.orchestrator.call(
+            "cancel", CancelRequest(run_id=run_id, reason=reason), RunRecord
+        )
 
     async def wait_run(
         self, run_id: str, *, timeout: float = 60.0, until: Collection[str] = TERMINAL
@@ -246,7 +257,7 @@ class RunsClient:
         back from the stream; it is also read once after subscribing (it may be there already) and every
         `_REREAD_S` while waiting (a core message can be lost on a reconnect). No consumer is created."""
         key = run_key(escape_token(run_id))
-        bucket = self.topology.names.runs_bucket
+        bucket = self.connection.topology.names.runs_bucket
         notices: asyncio.Queue[bool] = asyncio.Queue()
 
         async def on_write(msg: Msg) -> None:
@@ -256,7 +267,7 @@ class RunsClient:
             status = _status_of(msg.data) if msg.data else ""
             notices.put_nowait(status is None or status in until)
 
-        sub = await self.nc.subscribe(f"$KV.{bucket}.{key}", cb=on_write)
+        sub = await self.connection.nc.subscribe(f"$KV.{bucket}.{key}", cb=on_write)
         try:
             async with asyncio.timeout(timeout):
                 # > 0 while a notice said the run ended and the stream does not show it yet: read again
@@ -280,7 +291,7 @@ class RunsClient:
     async def _stored_run(self, bucket: str, key: str) -> RunRecord | None:
         """The run's record as the stream stores it; None when absent or while its leader is elected."""
         try:
-            stored = await self._connection.gets.kv_entry(bucket, key)
+            stored = await self.connection.gets.kv_entry(bucket, key)
         except Exception as exc:
             if not is_unavailable(exc):
                 raise

@@ -1,4 +1,4 @@
-"""The scheduled-runs half of `Runtime`: a run tree started by the orchestrator at each fire of a cron or
+"""`SchedulesClient`: scheduled runs, a run tree started by the orchestrator at each fire of a cron or
 interval schedule (docs/schedules.md, "Scheduled runs"). Every call is a request to the orchestrator."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ from typing import TypeVar
 import msgspec
 
 from plexus.core import AgentId, BaseBlock, ExecutionBudget, Priority, RetryPolicy, SpawnBudget
-from plexus.runtime.store._artifacts import ArtifactStore
+from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._run_schedules import check_run_schedule
 from plexus.runtime.store._schedules import InvalidScheduleError
 from plexus.runtime.wire._envelope import payload_from_blocks
@@ -25,19 +25,17 @@ from plexus.runtime.wire._scheduled_runs import (
     TriggerRequest,
 )
 
-from ._cluster import OrchestratorClient
-
 __all__ = ["SchedulesClient"]
 
 R = TypeVar("R")
 
 
 class SchedulesClient:
-    """Mixed into `Runtime`, which provides the connection."""
+    """Scheduled runs' definitions, kept by the orchestrator. `Runtime` holds one and offers its methods as
+    its own."""
 
-    namespace: str
-    artifacts: ArtifactStore
-    orchestrator: OrchestratorClient
+    def __init__(self, connection: Connection) -> None:
+        self.connection = connection
 
     async def schedule_run(
         self,
@@ -78,8 +76,10 @@ class SchedulesClient:
             priority=priority,
         )
         check_run_schedule(schedule)
-        schedule.payload = payload_from_blocks(await self.artifacts.offload(list(blocks)))
-        return await self.orchestrator.call("sched_put", schedule, ScheduleInfo, namespace=target.namespace)
+        schedule.payload = payload_from_blocks(await self.connection.artifacts.offload(list(blocks)))
+        return await self.connection.orchestrator.call(
+            "sched_put", schedule, ScheduleInfo, namespace=target.namespace
+        )
 
     async def get_schedule(self, schedule_id: str, *, namespace: str | None = None) -> ScheduleInfo:
         """One scheduled run: its definition, next fire times and last fires (`ScheduleNotFoundError`)."""
@@ -101,9 +101,9 @@ class SchedulesClient:
     ) -> str:
         """Fire now (also while paused), under the overlap policy; returns the run id the fire starts
         unless the policy drops or holds it. The same `fire_id` again fires once."""
-        ns = namespace or self.namespace
+        ns = namespace or self.connection.namespace
         request = TriggerRequest(id=schedule_id, namespace=ns, fire_id=fire_id or uuid.uuid4().hex)
-        reply = await self.orchestrator.call("sched_trigger", request, TriggerReply, namespace=ns)
+        reply = await self.connection.orchestrator.call("sched_trigger", request, TriggerReply, namespace=ns)
         return reply.run_id
 
     async def delete_schedule(self, schedule_id: str, *, namespace: str | None = None) -> None:
@@ -111,7 +111,7 @@ class SchedulesClient:
         await self._ref("sched_rm", schedule_id, namespace, ScheduleRef)
 
     async def _ref(self, verb: str, schedule_id: str, namespace: str | None, reply: type[R]) -> R:
-        ns = namespace or self.namespace
-        return await self.orchestrator.call(
+        ns = namespace or self.connection.namespace
+        return await self.connection.orchestrator.call(
             verb, ScheduleRef(id=schedule_id, namespace=ns), reply, namespace=ns
         )

@@ -11,16 +11,14 @@ progress events. Nothing is written.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Protocol
+from typing import Any
 
 import msgspec
 import nats.errors
-from nats.js import JetStreamContext
 
 from plexus.core import AgentId, entry_to_json
 from plexus.runtime.store._connection import Connection
-from plexus.runtime.store._eventlog import EventLog, LogRecord
-from plexus.runtime.store._topology import Topology
+from plexus.runtime.store._eventlog import LogRecord
 from plexus.runtime.wire._orchestration import TERMINAL, RunNotFoundError, RunRecord, input_key, run_key
 from plexus.runtime.wire._recording import (
     InputLine,
@@ -33,20 +31,7 @@ from plexus.runtime.wire._recording import (
     StateLine,
 )
 from plexus.runtime.wire._statedelta import apply_delta
-from plexus.runtime.wire._subjects import Subjects, escape_token, unescape_token
-
-
-class _Reader(Protocol):
-    """What the export reads through (a `Runtime`)."""
-
-    js: JetStreamContext
-    topology: Topology
-    _connection: Connection
-
-    def subjects_for(self, namespace: str) -> Subjects: ...
-
-    def event_log(self, agent_id: AgentId) -> EventLog[Any]: ...
-
+from plexus.runtime.wire._subjects import escape_token, unescape_token
 
 __all__ = ["RunNotEndedError", "export_run"]
 
@@ -65,15 +50,15 @@ class RunNotEndedError(RecordingError):
         self.status = status
 
 
-async def export_run(rt: _Reader, run_id: str, *, partial: bool = False) -> Recording:
+async def export_run(conn: Connection, run_id: str, *, partial: bool = False) -> Recording:
     """The whole tree of ``run_id`` (any run of it: the tree of its root is exported)."""
-    bucket = rt.topology.names.runs_bucket
-    first = await _record(rt, bucket, run_id)
-    root = first if first.root_id == first.run_id else await _record(rt, bucket, first.root_id)
+    bucket = conn.topology.names.runs_bucket
+    first = await _record(conn, bucket, run_id)
+    root = first if first.root_id == first.run_id else await _record(conn, bucket, first.root_id)
     records = [root]
     queue = list(root.children)
     while queue:
-        child = await _record(rt, bucket, queue.pop(0))
+        child = await _record(conn, bucket, queue.pop(0))
         records.append(child)
         queue.extend(child.children)
     running = [r for r in records if r.status not in TERMINAL]
@@ -88,22 +73,22 @@ async def export_run(rt: _Reader, run_id: str, *, partial: bool = False) -> Reco
     out = Recording(RecordingHeader(namespace=namespace, root_run_id=root.run_id, partial=bool(running)))
     encode = msgspec.json.encode
     out.runs = [RunLine(record=msgspec.Raw(encode(r))) for r in records]
-    stored = await rt._connection.gets.kv_entry(bucket, input_key(escape_token(root.run_id)))
+    stored = await conn.gets.kv_entry(bucket, input_key(escape_token(root.run_id)))
     if stored is not None and stored.data:
         out.inputs.append(InputLine(run_id=root.run_id, blocks=msgspec.Raw(stored.data)))
     tree = {r.run_id for r in records}
     agents = list(dict.fromkeys(r.agent_id for r in records))
     message_ids: set[str] = set()
     for agent in agents:
-        message_ids |= await _own_log(rt, AgentId.parse(agent), tree, out)
+        message_ids |= await _own_log(conn, AgentId.parse(agent), tree, out)
     for agent in agents:
-        await _sibling_logs(rt, AgentId.parse(agent), message_ids, out)
-    out.progress = await _progress(rt, namespace, root.run_id)
+        await _sibling_logs(conn, AgentId.parse(agent), message_ids, out)
+    out.progress = await _progress(conn, namespace, root.run_id)
     return out
 
 
-async def _record(rt: _Reader, bucket: str, run_id: str) -> RunRecord:
-    stored = await rt._connection.gets.kv_entry(bucket, run_key(escape_token(run_id)))
+async def _record(conn: Connection, bucket: str, run_id: str) -> RunRecord:
+    stored = await conn.gets.kv_entry(bucket, run_key(escape_token(run_id)))
     if stored is None or not stored.data:
         raise RunNotFoundError(run_id)
     return _RECORD.decode(stored.data)
@@ -119,12 +104,12 @@ def _batches(records: list[LogRecord[Any]]) -> list[list[LogRecord[Any]]]:
     return batches
 
 
-async def _own_log(rt: _Reader, agent: AgentId, tree: set[str], out: Recording) -> set[str]:
+async def _own_log(conn: Connection, agent: AgentId, tree: set[str], out: Recording) -> set[str]:
     """Keep the tree's batches of ``agent``'s log; fold the ones before into its state at the tree's start."""
     state: dict[str, Any] | None = {}
     started = False
     messages: set[str] = set()
-    for batch in _batches(await rt.event_log(agent).read()):
+    for batch in _batches(await conn.event_log(agent).read()):
         head = batch[0].entry
         if getattr(head, "run_id", None) in tree:  # a message of the tree, or a child spawned by one
             if not started:
@@ -156,11 +141,11 @@ def _fold(state: dict[str, Any], batch: list[LogRecord[Any]]) -> dict[str, Any] 
     return None  # committed by a checkpoint, which holds only the latest state
 
 
-async def _sibling_logs(rt: _Reader, agent: AgentId, message_ids: set[str], out: Recording) -> None:
-    subjects = rt.subjects_for(agent.namespace)
+async def _sibling_logs(conn: Connection, agent: AgentId, message_ids: set[str], out: Recording) -> None:
+    subjects = conn.subjects_for(agent.namespace)
     own = subjects.evlog(agent.type, agent.key)
     pattern = own.rsplit(".", 2)[0] + ".*." + own.rsplit(".", 1)[1]
-    info = await rt.js.stream_info(rt.topology.names.events_stream, subjects_filter=pattern)
+    info = await conn.js.stream_info(conn.topology.names.events_stream, subjects_filter=pattern)
     found = info.state.subjects or {}
     prefix = agent.type + "."
     for subject in sorted(found):
@@ -168,7 +153,7 @@ async def _sibling_logs(rt: _Reader, agent: AgentId, message_ids: set[str], out:
         if not kind.startswith(prefix):
             continue
         sibling = AgentId(kind, agent.key, agent.namespace)
-        for r in await rt.event_log(sibling).read():
+        for r in await conn.event_log(sibling).read():
             if getattr(r.entry, "message_id", None) in message_ids:
                 out.logs.append(
                     LogLine(
@@ -181,13 +166,13 @@ async def _sibling_logs(rt: _Reader, agent: AgentId, message_ids: set[str], out:
                 )
 
 
-async def _progress(rt: _Reader, namespace: str, root_id: str) -> list[ProgressLine]:
+async def _progress(conn: Connection, namespace: str, root_id: str) -> list[ProgressLine]:
     """The tree's progress events still kept by the progress stream (it keeps them for a limited age)."""
     lines: list[ProgressLine] = []
-    sub = await rt.js.subscribe(
-        rt.subjects_for(namespace).progress_tree(root_id),
+    sub = await conn.js.subscribe(
+        conn.subjects_for(namespace).progress_tree(root_id),
         ordered_consumer=True,
-        stream=rt.topology.names.progress_stream,
+        stream=conn.topology.names.progress_stream,
     )
     try:
         while True:

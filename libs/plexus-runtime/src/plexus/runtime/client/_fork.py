@@ -40,7 +40,6 @@ from plexus.core import (
     SpawnBudget,
     TextBlock,
 )
-from plexus.runtime.store._artifacts import ArtifactStore
 from plexus.runtime.store._checkpoints import CheckpointStore
 from plexus.runtime.store._connection import Connection
 from plexus.runtime.store._eventlog import LogRecord
@@ -55,7 +54,6 @@ from plexus.runtime.wire._orchestration import (
 )
 from plexus.runtime.wire._subjects import checkpoint_key, escape_token
 
-from ._cluster import OrchestratorClient
 from ._history import HandledMessage, handled_messages
 
 __all__ = [
@@ -76,11 +74,9 @@ FORK_HOOKS_GROUP = "plexus.fork"
 
 
 class ForkClient(Protocol):
-    """What a fork needs of `Runtime`."""
+    """What a fork needs of its client (a `RunsClient`, which `Runtime.fork_run` forwards to)."""
 
-    _connection: Connection
-    artifacts: ArtifactStore
-    orchestrator: OrchestratorClient
+    connection: Connection
 
     async def get_run(self, run_id: str) -> RunRecord: ...
 
@@ -154,7 +150,7 @@ class ForkSource:
 
     async def read_log(self, agent_id: AgentId) -> list[LogRecord[Any]]:
         """Every record of `agent_id`'s EventLog (a hook reads its own sibling logs, e.g. a journal)."""
-        return await self.runtime._connection.event_log(agent_id).read()
+        return await self.runtime.connection.event_log(agent_id).read()
 
     @property
     def message(self) -> HandledMessage | None:
@@ -210,7 +206,7 @@ async def fork_run(
     point = point.model_copy(update={"agent": agent_text})
     if spawned_at is not None:
         point = point.model_copy(update={"message": 0, "turn": None})
-    all_messages = await handled_messages(rt._connection, agent_id)
+    all_messages = await handled_messages(rt.connection, agent_id)
     messages = [m for m in all_messages if m.run_id == run.run_id]
     if spawned_at is not None:
         # A message's entries are logged when it is committed, after the children it waited for: the
@@ -235,7 +231,7 @@ async def fork_run(
     new_run = str(RunId.new())
     forked = AgentId(agent_id.type, f"{agent_id.key}.fork-{new_run}", agent_id.namespace)
     if start.state:
-        store = CheckpointStore(rt._connection.topology.checkpoints)
+        store = CheckpointStore(rt.connection.topology.checkpoints)
         doc = msgspec.json.encode({"v": 1, "state": start.state})
         await store.save(checkpoint_key(forked.namespace, forked.type, forked.key), doc, None)
     turn = start.turn if start.turn is not None else point.turn
@@ -243,7 +239,7 @@ async def fork_run(
     root = record if record.parent_id is None else await rt.get_run(record.root_id)
     request = StartRunRequest(
         agent_id=str(forked),
-        payload=payload_from_blocks(await rt.artifacts.offload(list(start.blocks))),
+        payload=payload_from_blocks(await rt.connection.artifacts.offload(list(start.blocks))),
         budget=budget.model_dump(mode="json") if budget else root.budget,
         spawn_budget=spawn_budget.model_dump(mode="json") if spawn_budget else root.spawn_budget,
         retry=retry.model_dump(mode="json") if retry else root.retry,
@@ -251,7 +247,7 @@ async def fork_run(
         run_id=new_run,
         forked_from=lineage,
     )
-    reply = await rt.orchestrator.call("start", request, StartRunReply, namespace=forked.namespace)
+    reply = await rt.connection.orchestrator.call("start", request, StartRunReply, namespace=forked.namespace)
     return reply.run_id
 
 
@@ -292,8 +288,8 @@ async def _find(rt: ForkClient, run: RunRecord, agent: str) -> RunRecord | None:
 
 
 async def _run_input(rt: ForkClient, run: RunRecord) -> list[BaseBlock] | None:
-    stored = await rt._connection.gets.kv_entry(
-        rt._connection.topology.names.runs_bucket, input_key(escape_token(run.run_id))
+    stored = await rt.connection.gets.kv_entry(
+        rt.connection.topology.names.runs_bucket, input_key(escape_token(run.run_id))
     )
     if stored is None or not stored.data:
         return None
