@@ -153,8 +153,8 @@ async def serve(url: str, app_name: str) -> None:
     async def control(msg: Msg) -> None:
         if msg.data == b"passivate":
             # No public hook forces passivation; make every activation idle and run one round now.
-            worker.config = dataclasses.replace(worker.config, idle_passivate_s=0.0)
-            await worker._passivate()
+            worker._upkeep.config = dataclasses.replace(worker._upkeep.config, idle_passivate_s=0.0)
+            await worker._upkeep.passivate()
         gc_s = collecting.total_s  # before the collection below, which is the bench's, not the worker's
         gc.collect()
         stats = {

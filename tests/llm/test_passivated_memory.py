@@ -88,7 +88,8 @@ async def test_passivated_activations_are_collected(runtime: Runtime, start_work
     assert WATCHED.alive()["agent"] == N
     assert WATCHED.alive()["llm agent"] == N
 
-    worker.config = dataclasses.replace(worker.config, idle_passivate_s=0.0)
+    # The upkeep passivates (with its copy of the config): every activation is idle from now on.
+    worker._upkeep.config = dataclasses.replace(worker._upkeep.config, idle_passivate_s=0.0)
     async with asyncio.timeout(20):
         # Passivation runs on the worker's maintenance timer (every heartbeat); there is no event to await.
         while len(worker._activations):  # noqa: ASYNC110

@@ -10,8 +10,8 @@ import logging
 import os
 import socket
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Set as AbstractSet
 
 from plexus.core import AgentId
 from plexus.runtime._agent import AgentType
@@ -27,7 +27,6 @@ from ._config import WorkerConfig
 from ._delta import STATE_DELTAS
 from ._mailbox import Mailboxes
 from ._partitions import PartitionOwner
-from ._topics import TopicReceiver
 from .pipeline._run_control import cancel_hard
 from .pipeline._work import Work
 
@@ -37,20 +36,62 @@ log = logging.getLogger("plexus.worker")
 
 
 class Upkeep:
-    """Mixed into `Worker`, which owns the state declared here."""
+    """The worker's timers, its registration and what it does when a partition is taken or lost. Held by
+    `Worker`, built with what it reads: the partition owners and the unacked work are the worker's (it fills
+    them as it starts and as messages come and go); this reads them."""
 
-    connection: Connection
-    app: App
-    config: WorkerConfig
-    worker_id: str
-    started_at: float
-    _closed: bool
-    _owners: dict[str, PartitionOwner]
-    _unacked: set[Work]
-    _activations: ActivationTable
-    _mailboxes: Mailboxes[AgentId, Work]
-    _stoppers: set[asyncio.Future[None]]
-    _topics: TopicReceiver
+    def __init__(
+        self,
+        connection: Connection,
+        app: App,
+        config: WorkerConfig,
+        worker_id: str,
+        *,
+        started_at: float,
+        owners: Mapping[str, PartitionOwner],
+        unacked: AbstractSet[Work],
+        activations: ActivationTable,
+        mailboxes: Mailboxes[AgentId, Work],
+        topic_groups: dict[str, str],
+    ) -> None:
+        self.connection = connection
+        self.app = app
+        self.config = config
+        self.worker_id = worker_id
+        self.started_at = started_at
+        self._owners = owners
+        self._unacked = unacked
+        self._activations = activations
+        self._mailboxes = mailboxes
+        self._topic_groups = topic_groups
+        self._stoppers: set[asyncio.Future[None]] = set()  # handlers being stopped after a lost lease
+        self._tasks: list[asyncio.Task[None]] = []
+        self._closed = False
+
+    # -- lifecycle ------------------------------------------------------------------------------------
+    async def register(self) -> None:
+        """Register the app's agent types (waiting out the cluster's outages: `_patiently`)."""
+        await self._patiently(self._register_types)
+
+    async def start(self) -> None:
+        """The first heartbeat and rebalance, then the timers. Leases are renewed from the first one taken:
+        a first round that waits for the cluster must not let the partitions it already holds expire."""
+        self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
+        try:
+            await self._patiently(self._first_round)
+        except BaseException:
+            self._tasks[-1].cancel()
+            raise
+        self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
+        self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
+
+    async def stop(self) -> None:
+        """End the timers (last in a graceful stop: leases stay renewed while in-flight work drains)."""
+        self._closed = True
+        for task in self._tasks:
+            task.cancel()
+        if self._tasks:
+            await asyncio.wait(self._tasks, timeout=5)
 
     async def _heartbeat(self) -> None:
         await self.connection.registry.heartbeat(
@@ -62,7 +103,7 @@ class Upkeep:
                 heartbeat_at=time.time(),
                 types=[f"{t.namespace}/{t.name}" for t in self.app.types.values()],
                 concurrency=self.config.concurrency,
-                topic_groups=self._topics.groups,
+                topic_groups=self._topic_groups,
                 features=[STATE_DELTAS],
             )
         )
@@ -120,7 +161,7 @@ class Upkeep:
         me = asyncio.current_task()
         while not self._closed and not (me is not None and me.cancelling()):
             await asyncio.sleep(self._period)
-            for step in (self._heartbeat, *(o.rebalance for o in self._owners.values()), self._passivate):
+            for step in (self._heartbeat, *(o.rebalance for o in self._owners.values()), self.passivate):
                 try:
                     await step()
                 except Exception:  # one failed step (a NATS timeout) must not skip the others
@@ -161,7 +202,8 @@ class Upkeep:
                 with contextlib.suppress(Exception):  # acked meanwhile, or reconnecting: next round
                     await work.msg.in_progress()
 
-    async def _passivate(self) -> None:
+    async def passivate(self) -> None:
+        """Drop the activations idle for `idle_passivate_s`, and the oldest beyond `max_activations`."""
         busy = self._mailboxes.busy_keys
         victims = self._activations.idle(self.config.idle_passivate_s, busy)
         excess = len(self._activations) - self.config.max_activations
@@ -172,7 +214,9 @@ class Upkeep:
                 await activation.agent.on_passivate()
             self._activations.drop(activation.agent_id)
 
-    def _live_worker_ids(self, agent_type: AgentType) -> Any:
+    # -- a partition owner's callbacks -------------------------------------------------------------------
+    def live_workers(self, agent_type: AgentType) -> Callable[[], Awaitable[list[str]]]:
+        """The ids of the live workers hosting `agent_type` (its owner balances partitions among them)."""
         ns_type = f"{agent_type.namespace}/{agent_type.name}"
 
         async def live() -> list[str]:
@@ -185,10 +229,10 @@ class Upkeep:
             if inbox_partition(activation.agent_id.key, self.connection.partitions) == partition:
                 self._activations.drop(activation.agent_id)
 
-    def _partition_taken(self, agent_type: str) -> Callable[[int], None]:
+    def partition_taken(self, agent_type: str) -> Callable[[int], None]:
         return lambda partition: self._forget_partition(agent_type, partition)
 
-    def _partition_lost(self, agent_type: str) -> Callable[[int], None]:
+    def partition_lost(self, agent_type: str) -> Callable[[int], None]:
         def lost(partition: int) -> None:
             # Another worker owns it now: queued work of it is skipped (not acked; the owner's fresh consumer
             # has it) and cached activations are dropped, so no second activation lives on here.

@@ -68,7 +68,7 @@ __all__ = ["Worker"]
 log = logging.getLogger("plexus.worker")
 
 
-class Worker(Upkeep):
+class Worker:
     """Serves `app` on an existing runtime connection. `start()`, then `stop()` (graceful) or `kill`."""
 
     def __init__(self, app: App, runtime: Runtime, config: WorkerConfig | None = None) -> None:
@@ -106,8 +106,18 @@ class Worker(Upkeep):
 
         self._owners: dict[str, PartitionOwner] = {}
         self._unacked: set[Work] = set()
-        self._stoppers: set[asyncio.Future[None]] = set()  # handlers being stopped after a lost lease
-        self._tasks: list[asyncio.Task[None]] = []
+        self._upkeep = Upkeep(
+            connection,
+            app,
+            self.config,
+            self.worker_id,
+            started_at=self.started_at,
+            owners=self._owners,
+            unacked=self._unacked,
+            activations=self._activations,
+            mailboxes=self._mailboxes,
+            topic_groups=self._topics.groups,
+        )
         self._subs: list[Any] = []
         self._control_subs: list[Any] = []
         self.control = RunControl(connection)
@@ -134,7 +144,6 @@ class Worker(Upkeep):
         retry = CommitRetry(self.config.unavailable_retry_s, self._may_start, lambda: self._stopping, drop)
         self._steps = compose([fencing.process, retry.process], self._handle)
         self._stopping = False
-        self._closed = False
         self._gc_held = False
 
     # -- lifecycle ------------------------------------------------------------------------------------
@@ -155,7 +164,7 @@ class Worker(Upkeep):
             self._control_subs.append(
                 await connection.nc.subscribe(f"{connection.prefix}.{ns}.ctl.{verb}.*", cb=cb)
             )
-        await self._patiently(self._register_types)
+        await self._upkeep.register()
         leases = LeaseManager(connection.topology.leases, self.worker_id, self.config.lease_ttl_s)
         durable_types = sum(1 for t in self.app.types.values() if t.durable)
         # Every partition of every durable type may be ours: each must be able to hold a pull request open.
@@ -173,13 +182,13 @@ class Worker(Upkeep):
                     agent_type=agent_type.name,
                     partitions=connection.partitions,
                     worker_id=self.worker_id,
-                    live_workers=self._live_worker_ids(agent_type),
+                    live_workers=self._upkeep.live_workers(agent_type),
                     dispatch=self._dispatch_durable,
                     slots=self._inflight,
                     ack_wait_s=self.config.ack_wait_s,
                     max_ack_pending=self.config.concurrency * 8,
-                    on_lost=self._partition_lost(agent_type.name),
-                    on_taken=self._partition_taken(agent_type.name),
+                    on_lost=self._upkeep.partition_lost(agent_type.name),
+                    on_taken=self._upkeep.partition_taken(agent_type.name),
                     max_batch=max_batch,
                 )
             else:
@@ -194,16 +203,7 @@ class Worker(Upkeep):
         # Announced only once the server has every subscription: a client that finds this worker in the
         # registry must not meet "no responders" (an AgentNotFoundError) on its first send.
         await connection.nc.flush()
-        # Leases are renewed from the first one taken: a first round that waits for the cluster must not let
-        # the partitions it already holds expire.
-        self._tasks.append(asyncio.create_task(self._keep_leases(), name="worker-leases"))
-        try:
-            await self._patiently(self._first_round)
-        except BaseException:
-            self._tasks[-1].cancel()
-            raise
-        self._tasks.append(asyncio.create_task(self._maintain(), name="worker-maintain"))
-        self._tasks.append(asyncio.create_task(self._keep_alive(), name="worker-keepalive"))
+        await self._upkeep.start()
         # Last: a start that failed before here leaves the process's collector as it found it.
         self._gc_held = GcThresholds.acquire(self.config.gc_threshold)
 
@@ -225,11 +225,7 @@ class Worker(Upkeep):
             await self._mailboxes.cancel()
         for owner in self._owners.values():
             await owner.release_all()
-        self._closed = True
-        for task in self._tasks:
-            task.cancel()
-        if self._tasks:
-            await asyncio.wait(self._tasks, timeout=5)
+        await self._upkeep.stop()
         self._intake.recent_replies.close()
         with contextlib.suppress(Exception):
             await self.connection.registry.remove_worker(self.worker_id)
