@@ -94,6 +94,7 @@ class SchedulesClient:
         return await self._ref("sched_pause", schedule_id, namespace, ScheduleInfo)
 
     async def resume_schedule(self, schedule_id: str, *, namespace: str | None = None) -> ScheduleInfo:
+        """Fire again, from the next fire time on (a paused schedule's missed fires are not made up)."""
         return await self._ref("sched_resume", schedule_id, namespace, ScheduleInfo)
 
     async def trigger_schedule(
