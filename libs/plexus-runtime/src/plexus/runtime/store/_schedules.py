@@ -18,6 +18,7 @@ outside the window replaces rather than adds. Cancelling writes a tombstone over
 
 from __future__ import annotations
 
+import asyncio
 import datetime
 import hashlib
 import zoneinfo
@@ -26,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import NewType
 
 from croniter import CroniterBadDateError, croniter  # type: ignore[import-untyped]
+from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig, StreamSource, SubjectTransform
 
 from plexus.core import KernelError
@@ -49,6 +51,7 @@ __all__ = [
     "TooManyTimersError",
     "check_server_version",
     "cron_spec",
+    "ensure_source_mark",
     "every_spec",
     "fire_subject",
     "fired_id",
@@ -60,6 +63,7 @@ __all__ = [
     "reminders_filter",
     "schedule_op",
     "schedules_stream",
+    "source_mark_subjects",
     "timer_spec",
     "timer_subject",
     "tombstone",
@@ -178,6 +182,43 @@ def inbox_source(prefix: str, partitions: int, name: str) -> StreamSource:
         name=name,
         subject_transforms=[SubjectTransform(src=f"{prefix}.*.fire.*.*", dest=destination)],
     )
+
+
+#: The namespace token of the source mark: `escape_token` never yields ``_`` followed by a non-hex letter,
+#: so no agent's namespace is stored under it and no worker's consumer reads it.
+_MARK_NAMESPACE = "_plexus"
+
+
+def source_mark_subjects(prefix: str) -> tuple[str, str]:
+    """``(fire, stored)``: where the operator writes the source mark in `PLEXUS_SCHEDULES`, and the filter of
+    its copy in `PLEXUS_INBOX` (the partition transform puts it on some partition of type ``source``)."""
+    return f"{prefix}.{_MARK_NAMESPACE}.fire.source.mark", f"{prefix}.{_MARK_NAMESPACE}.inp.source.*.mark"
+
+
+async def ensure_source_mark(js: JetStreamContext, prefix: str, inbox: str, wait_s: float = 10.0) -> bool:
+    """Make sure `inbox` holds a message sourced from `PLEXUS_SCHEDULES` (docs/schedules.md, "the source
+    mark"); True once it does, False if the mark was written but has not arrived within `wait_s`.
+
+    Until an inbox has stored one sourced message it has no position in its source: when its sourcing
+    consumer is made again (a leader moved), the server starts it at the inbox's newest message's time, and
+    every fire stored meanwhile is skipped. Fired copies are acked away, so only a message nobody consumes
+    keeps that first position; after it the server tracks the position itself, across leader changes.
+    """
+    fire, stored = source_mark_subjects(prefix)
+
+    async def arrived() -> bool:
+        return bool((await js.stream_info(inbox, subjects_filter=stored)).state.subjects)
+
+    if await arrived():
+        return True
+    await js.publish(fire, b"")
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    while not await arrived():
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(0.2)
+    return True
 
 
 # --------------------------------------------------------------------------------------------------------

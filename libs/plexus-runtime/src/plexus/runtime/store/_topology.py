@@ -43,7 +43,13 @@ from plexus.core import KernelError
 from plexus.runtime.wire._subjects import inbox_transform as _subject_transform
 
 from ._outage import is_unavailable
-from ._schedules import STREAM_SCHEDULES, check_server_version, inbox_source, schedules_stream
+from ._schedules import (
+    STREAM_SCHEDULES,
+    check_server_version,
+    ensure_source_mark,
+    inbox_source,
+    schedules_stream,
+)
 
 _log = logging.getLogger(__name__)
 
@@ -248,6 +254,16 @@ async def ensure_topology(
                 reconcile=replicas is not None or allow_repartition,
             )
         )
+    if replicas is not None or allow_repartition:
+        # The operator's run: only it may write a fire subject (a worker's or client's run adopts).
+        marked = await _until_answered(partial(ensure_source_mark, js, prefix, names.inbox_stream))
+        if not marked:
+            _log.warning(
+                "%s has not sourced its source mark from %s yet: fires made before it arrives may be "
+                "skipped if a leader moves meanwhile (docs/schedules.md)",
+                names.inbox_stream,
+                names.schedules_stream,
+            )
 
     keep = replicas is None
 
