@@ -49,6 +49,7 @@ from ._events import (
     UsageEvent,
 )
 from ._fold import PrefixFold
+from ._noretry import without_retries
 from ._output import openai_response_format
 from ._settings import TOOL_CHOICES, ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
@@ -75,11 +76,8 @@ class OpenAIChatModel:
     def __init__(
         self, client: openai.AsyncOpenAI, model: str, *, max_tokens_field: MaxTokensField = "max_tokens"
     ) -> None:
-        # Retries are Plexus's (`ProviderRetry`, then the run's RetryPolicy): the SDK's own would stack under
-        # them (3 x 3 calls) and hide each failure from the journal and the logs. A stand-in without
-        # ``with_options`` (a recording in the benchmarks) is used as it is.
-        with_options = getattr(client, "with_options", None)
-        self._client = with_options(max_retries=0) if with_options is not None else client
+        # The SDK's own retries off, in one copy per client (`_noretry.py`).
+        self._client = without_retries(client)
         self._model = model
         self._settings = SettingsCache(functools.partial(_settings_kwargs, max_tokens_field))
 

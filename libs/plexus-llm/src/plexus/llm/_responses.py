@@ -56,6 +56,7 @@ from ._events import (
     UsageEvent,
 )
 from ._fold import PrefixFold
+from ._noretry import without_retries
 from ._openai import _map_error
 from ._settings import TOOL_CHOICES, ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
@@ -81,9 +82,8 @@ class OpenAIResponsesModel:
     """
 
     def __init__(self, client: openai.AsyncOpenAI, model: str, *, store: bool = False) -> None:
-        # Retries are Plexus's (`ProviderRetry`, then the run's RetryPolicy), as for `OpenAIChatModel`.
-        with_options = getattr(client, "with_options", None)
-        self._client = with_options(max_retries=0) if with_options is not None else client
+        # The SDK's own retries off, in one copy per client (`_noretry.py`).
+        self._client = without_retries(client)
         self._model = model
         self._store = store
         self._settings = SettingsCache(_settings_kwargs)
