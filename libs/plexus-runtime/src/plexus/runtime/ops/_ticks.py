@@ -9,6 +9,9 @@ A tick left with nothing armed is dropped at once (its timer cancelled): most ex
 before their time, and a burst's empty ticks, kept until their time, held a set, a timer and a context
 for every 10 ms of the burst for a whole deadline — scattered over the burst's memory, enough to keep
 the allocator from returning any of it (RSS stayed at its peak after every activation was passivated).
+The one exception is the tick emptied last, kept until another empties (or its time comes): a handler that
+finishes without waiting arms and disarms its deadline within one step, and the next message's falls in the
+same tick, so dropping it at once made and cancelled a loop timer per message.
 """
 
 from __future__ import annotations
@@ -32,11 +35,13 @@ class Expiring(Protocol):
 class TickWheel:
     """Armed expiries by the tick their time falls in; one loop timer per tick that has any."""
 
-    __slots__ = ("_ticks", "loop")
+    __slots__ = ("_spare", "_ticks", "loop")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
         self._ticks: dict[int, _Tick] = {}
+        #: The tick emptied last, kept (with its timer) in case the next expiry falls in it too.
+        self._spare: int | None = None
 
     def arm(self, expiry: Expiring, delay: float) -> int:
         """Call ``expiry.expire()`` once `delay` seconds have passed; the tick to `disarm` it with."""
@@ -51,11 +56,20 @@ class TickWheel:
         armed = self._ticks.get(tick)
         if armed is not None:
             armed.discard(expiry)
-            if not armed:
-                del self._ticks[tick]
-                armed.timer.cancel()
+            if not armed and tick != self._spare:
+                spare, self._spare = self._spare, tick
+                if spare is not None:
+                    self._drop_if_empty(spare)
+
+    def _drop_if_empty(self, tick: int) -> None:
+        armed = self._ticks.get(tick)
+        if armed is not None and not armed:
+            del self._ticks[tick]
+            armed.timer.cancel()
 
     def _fire(self, tick: int) -> None:
+        if tick == self._spare:
+            self._spare = None
         for expiry in self._ticks.pop(tick, ()):
             expiry.expire()
 
