@@ -143,6 +143,8 @@ class Worker:
         fencing = Fencing(self._may_start, self._holds_partition, drop)
         retry = CommitRetry(self.config.unavailable_retry_s, self._may_start, lambda: self._stopping, drop)
         self._steps = compose([fencing.process, retry.process], self._handle)
+        # Core NATS work holds no lease and commits nothing, so there is nothing for `Fencing` to sort out.
+        self._core_steps = compose([retry.process], self._handle)
         self._stopping = False
         self._gc_held = False
 
@@ -266,7 +268,7 @@ class Worker:
     async def _run_one(self, agent_id: AgentId, work: Work) -> None:
         settlement = LEAVE
         try:
-            settlement = await self._steps(work)
+            settlement = await (self._steps if work.durable else self._core_steps)(work)
         finally:
             try:
                 await self._settle(work, settlement)
@@ -345,7 +347,7 @@ class Worker:
         if RESEND in env.metadata and stored_reply is None:
             await self._intake.answer_unkept_resend(work, seen)
             return ACK
-        redelivered = work.delivery[0] > 1
+        redelivered = work.durable and work.delivery[0] > 1  # (core NATS work is never redelivered)
         if redelivered and metrics_enabled():
             INSTRUMENTS.redeliveries.add(1, {"agent_type": agent_type.name})
         # A message in `activation.logged` is a half-commit (logged, never checkpointed): its log entry does

@@ -8,7 +8,8 @@ the handle chain against it):
 
 - *Steps* (`_steps.MessageStep`) end a message with a `Settlement` (`_work.py`) that `Worker._settle`
   carries out: `Fencing` (`_fencing.py`), then `CommitRetry` (`_commit_retry.py`), then the worker's
-  handling (``Worker._handle``: the activation, the handle chain, the commit, the reply).
+  handling (``Worker._handle``: the activation, the handle chain, the commit, the reply). Core NATS work
+  (a stateless type's) has no lease and no commit: its steps start at `CommitRetry`.
 - The *handle chain* (`_chains.HandleChains`, chosen per message: a built-in with nothing to do for a
   message is left out of its chain) runs interceptors around the handler: `TracingInterceptor`
   (`plexus.runtime.interceptors`), `MetricsInterceptor` (`_metrics.py`), `RunControlInterceptor`
