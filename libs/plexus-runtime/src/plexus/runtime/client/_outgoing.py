@@ -44,7 +44,8 @@ from ._supervisor import new_root_run
 
 __all__ = ["Outgoing"]
 
-#: Recipients whose inbox subject `Outgoing._inbox_of` remembers (cleared when full).
+#: Recipients whose inbox subject `Outgoing._inbox_of` remembers, and recipient lists whose header
+#: `Outgoing._topic_to` does (each cleared when full).
 _ROUTES_KEPT = 4096
 
 #: A message id as `MessageId.new` mints it (the ULID alphabet of python-ulid's output).
@@ -71,6 +72,7 @@ class Outgoing:
         self._subscriptions = subscriptions
         self._subjects_for = subjects_for
         self._routes: dict[tuple[str, str, str, bool], str] = {}
+        self._topic_tos: dict[tuple[str, ...], str] = {}
 
     async def send(self, inp: SendInput) -> list[BaseBlock]:
         """The send chain's end: deliver to a live host of the recipient and return its reply."""
@@ -137,7 +139,7 @@ class Outgoing:
             env = self._envelope(payload, first, "publish", inp.sender, run, inp.message_id, None, inp.topic)
             data = encode_envelope(env)
             headers = make_headers(env, inp.headers)
-            headers[HDR_TOPIC_TO] = " ".join(escape_token(t) for t in stateless)
+            headers[HDR_TOPIC_TO] = self._topic_to(stateless)
             check_payload_size(len(data) + headers_size(headers), self._nc.max_payload)
             subjects = self._subjects_for(inp.topic.namespace)
             await self._nc.publish(subjects.topic(inp.topic.type, inp.topic.source), data, headers=headers)
@@ -172,6 +174,16 @@ class Outgoing:
             subject, data, headers=headers, timeout=max(deadline - time.monotonic(), 0.001)
         )
         return msg_id
+
+    def _topic_to(self, types: list[str]) -> str:
+        """The ``Plexus-To`` header naming `types` (remembered: a topic's subscribers rarely change)."""
+        key = tuple(types)
+        listed = self._topic_tos.get(key)
+        if listed is None:
+            if len(self._topic_tos) >= _ROUTES_KEPT:
+                self._topic_tos.clear()
+            listed = self._topic_tos[key] = " ".join(escape_token(t) for t in types)
+        return listed
 
     def _inbox_of(self, recipient: AgentId, durable: bool) -> str:
         """The subject a message to `recipient` goes to (remembered: most sends go to known agents)."""
