@@ -324,6 +324,12 @@ TARGETS = (
         0.4,
     ),
     Target("issue 12: durable ≥ 2× AutoGen (100 in flight)", _ratio("plexus.dur.100", "autogen.rr.100"), 2.0),
+    # Issue 42, item 5: the next step for request/reply (its fan-out and durable steps are issue 12's rows).
+    Target(
+        "issue 42: ephemeral ≥ 0.6× raw request/reply (100 in flight)",
+        _ratio("plexus.eph.100", "raw.rr.100"),
+        0.6,
+    ),
     Target("fan-out ≥ 0.8× raw", _ratio("plexus.fanout", "raw.fanout"), 0.8),
     Target("issue 12: fan-out ≥ 0.5× raw", _ratio("plexus.fanout", "raw.fanout"), 0.5),
     Target("distinct keys ≥ 0.9× the 10-key throughput", _median("plexus.keys.ratio"), 0.9),
