@@ -21,7 +21,7 @@ before the point are items it was given, never requests.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -34,9 +34,6 @@ from ._conversation import TRANSCRIPT_KEY
 from ._journal import JOURNAL_SEQ_KEY, LlmStep, journal_id
 from ._memo import item_json
 from ._settings import ModelSettings
-
-if TYPE_CHECKING:
-    from ._agent import LLMAgent
 
 __all__ = ["FORK_KEY", "apply_fork", "fork_hook", "forked"]
 
@@ -147,7 +144,17 @@ def _not_found(source: ForkSource, reason: str) -> ForkPointNotFoundError:
 
 
 # -- the agent's side ------------------------------------------------------------------------------------
-def forked(agent: LLMAgent, blocks: Sequence[BaseBlock]) -> list[Item] | None:
+class _Forked(Protocol):
+    """What a fork changes of its `LLMAgent` (a protocol: the agent imports this module)."""
+
+    state: dict[str, Any]
+    system: str
+    settings: ModelSettings
+
+    def _check_settings(self) -> None: ...
+
+
+def forked(agent: _Forked, blocks: Sequence[BaseBlock]) -> list[Item] | None:
     """The conversation a fork's block carries (its edits kept in the agent's state), else None."""
     if len(blocks) != 1 or not isinstance(blocks[0], DataBlock):
         return None
@@ -168,7 +175,7 @@ def forked(agent: LLMAgent, blocks: Sequence[BaseBlock]) -> list[Item] | None:
     return items
 
 
-def apply_fork(agent: LLMAgent) -> None:
+def apply_fork(agent: _Forked) -> None:
     """Take the edited system prompt and settings a fork left in the agent's state."""
     edits = agent.state[FORK_KEY]
     if edits.get("system") is not None:

@@ -16,7 +16,7 @@ import json
 import re
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from pydantic import BaseModel, ValidationError
 
@@ -35,9 +35,6 @@ from plexus.core import (
 from ._accumulate import INVALID_ARGUMENTS_KEY, ModelTurn
 from ._errors import OutputValidationError
 from ._settings import ModelSettings
-
-if TYPE_CHECKING:
-    from ._tools import ToolRegistry
 
 __all__ = [
     "OUTPUT_RETRY_KEY",
@@ -175,10 +172,16 @@ class Verdict:
     items: list[Item] = field(default_factory=list)
 
 
+class _Tools(Protocol):
+    """What the output type checks of the agent's tools (its ToolRegistry): that none takes its name."""
+
+    def get(self, name: str) -> object | None: ...
+
+
 class StructuredOutput:
     """An agent's output type: its spec, built once, and the per-message judges."""
 
-    def __init__(self, output_type: type[BaseModel], retries: int, tools: ToolRegistry) -> None:
+    def __init__(self, output_type: type[BaseModel], retries: int, tools: _Tools) -> None:
         if not (isinstance(output_type, type) and issubclass(output_type, BaseModel)):
             raise TypeError(f"output_type must be a pydantic BaseModel subclass, got {output_type!r}")
         if retries < 0:
