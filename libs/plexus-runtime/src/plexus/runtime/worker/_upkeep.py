@@ -30,6 +30,9 @@ from ._partitions import PartitionOwner
 from .pipeline._run_control import cancel_hard
 from .pipeline._work import Work
 
+#: A passivation round that drops at least this many activations rebuilds the table (a dict never shrinks).
+_COMPACT_AFTER = 1_000
+
 __all__ = ["Upkeep"]
 
 log = logging.getLogger("plexus.worker")
@@ -213,6 +216,8 @@ class Upkeep:
             with contextlib.suppress(Exception):
                 await activation.agent.on_passivate()
             self._activations.drop(activation.agent_id)
+        if len(victims) >= _COMPACT_AFTER:
+            self._activations.compact()
 
     # -- a partition owner's callbacks -------------------------------------------------------------------
     def live_workers(self, agent_type: AgentType) -> Callable[[], Awaitable[list[str]]]:
