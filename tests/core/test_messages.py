@@ -15,10 +15,16 @@ from ulid import ULID
 
 from plexus.core._errors import BudgetExhaustedError, KernelError, RemoteKernelError, SpawnDenied
 from plexus.core._ids import MessageId, RunId, ToolCallId
-from plexus.core._messages import (
-    ErrorInfo,
+from plexus.core._message_codec import (
     EventLogEntry,
-    FileAttachment,
+    UnknownMessage,
+    entry_from_json,
+    entry_to_json,
+    kernel_message_from_dict,
+    register_message_type,
+)
+from plexus.core._message_values import ErrorInfo, FileAttachment, ToolCall, ToolResult
+from plexus.core._messages import (
     InputMessage,
     KernelMessage,
     ReasoningMessage,
@@ -36,15 +42,8 @@ from plexus.core._messages import (
     RunToolCalled,
     RunToolResult,
     SystemMessage,
-    ToolCall,
     ToolCallsMessage,
-    ToolResult,
     ToolResultsMessage,
-    UnknownMessage,
-    entry_from_json,
-    entry_to_json,
-    kernel_message_from_dict,
-    register_message_type,
 )
 from plexus.core._usage import Cost, FinishReason, Usage
 

@@ -18,7 +18,8 @@ from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 
 from plexus.core._errors import ConcurrentAppendError, KernelError
-from plexus.core._messages import InputMessage, ReplyMessage, UnknownMessage
+from plexus.core._message_codec import UnknownMessage
+from plexus.core._messages import InputMessage, ReplyMessage
 from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.store._acks import DeferredAcks
 from plexus.runtime.store._artifacts import PayloadTooLargeError

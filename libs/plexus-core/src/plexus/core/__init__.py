@@ -83,10 +83,21 @@ from ._json import (
     dumps_sorted,
     sort_keys_deep,
 )
-from ._messages import (
-    ErrorInfo,
+from ._message_codec import (
     EventLogEntry,
+    UnknownMessage,
+    entry_from_json,
+    entry_to_json,
+    kernel_message_from_dict,
+    register_message_type,
+)
+from ._message_values import (
+    ErrorInfo,
     FileAttachment,
+    ToolCall,
+    ToolResult,
+)
+from ._messages import (
     InputMessage,
     KernelMessage,
     ReasoningMessage,
@@ -105,15 +116,8 @@ from ._messages import (
     RunToolCalled,
     RunToolResult,
     SystemMessage,
-    ToolCall,
     ToolCallsMessage,
-    ToolResult,
     ToolResultsMessage,
-    UnknownMessage,
-    entry_from_json,
-    entry_to_json,
-    kernel_message_from_dict,
-    register_message_type,
 )
 from ._mime import (
     sniff_mime,
