@@ -10,6 +10,7 @@ them does not reopen them, and a second decision on the same id is refused.
 Ids recur (a model reusing ``call_0`` every turn), so an agent may name each wait (`RunRecord.suspension`):
 a report of a new suspension starts its decisions afresh (its ids are undecided, though an earlier one
 decided the same ids), and a decision names the suspension it is for, in its message and its message id.
+A suspension, once replaced, has ended (`RunRecord.ended_suspensions`): a late report of it changes nothing.
 """
 
 from __future__ import annotations
@@ -39,6 +40,10 @@ __all__ = ["Approvals"]
 
 AWAITING = "awaiting_approval"
 
+#: How many ended suspensions a run remembers (`RunRecord.ended_suspensions`): a late report comes within
+#: seconds (the worker's report retries, a redelivery), far fewer suspensions than this apart.
+ENDED_KEPT = 32
+
 
 class Approvals(EngineCore):
     async def awaiting(self, record: RunRecord, rep: FinishedReport) -> RunRecord:
@@ -50,8 +55,14 @@ class Approvals(EngineCore):
         def wait(rec: RunRecord) -> bool:
             if rec.status in TERMINAL:
                 return False
+            if suspension is not None and suspension in rec.ended_suspensions:
+                # A late report of a wait that has ended (a slow replica took the request after the worker's
+                # retry was answered; a redelivered message reported again): the newer wait stands.
+                return False
             if suspension is not None and suspension != rec.suspension:
                 # A new wait: what the run decided before was for the earlier one, even for the same ids.
+                if rec.suspension is not None:
+                    rec.ended_suspensions = [*rec.ended_suspensions, rec.suspension][-ENDED_KEPT:]
                 rec.suspension = suspension
                 rec.decided = []
             pending = [i for i in ids if i not in rec.decided]

@@ -153,6 +153,9 @@ class RunRecord(msgspec.Struct, omit_defaults=True, kw_only=True):
     #: The id of the suspension it waits (or last waited) in, as its agent named it (None: unnamed). Ids of a
     #: new one are undecided again, though an earlier one decided the same ids (a reused ``call_0``).
     suspension: str | None = None
+    #: The named suspensions it waited in before ``suspension``, oldest first (the last 32): a late report of
+    #: one of them (a retried or redelivered report) is ignored, never taken as a new wait.
+    ended_suspensions: list[str] = []
     #: A forked root: its source (``run_id``, ``agent_id``, ``message``, ``turn``; docs/timetravel.md).
     forked_from: dict[str, Any] | None = None
 
