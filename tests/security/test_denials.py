@@ -4,7 +4,10 @@ outage (a worker started with the client's credentials retried for ~130 s, then 
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import re
 import subprocess
 import sys
 
@@ -12,6 +15,7 @@ import pytest
 
 from plexus.core import PermissionDeniedError
 from plexus.runtime import Runtime
+from plexus.runtime.kernel import raise_on_denial
 
 from .conftest import APP, REPO, Secured, operator_topology
 
@@ -63,3 +67,46 @@ async def test_a_cli_run_without_a_permission_fails_in_one_line(
     assert len(errors) == 1, done.stderr
     assert "user 'acme-client'" in errors[0], errors[0]
     assert fragment in errors[0], errors[0]
+
+
+async def test_an_orchestrator_started_without_a_permission_fails_in_one_line(secured: Secured) -> None:
+    # The worker's credentials lack the orchestrator's permissions (the runs bucket is the orchestrator's):
+    # before the fix the replica waited for answers that never come instead of saying which one it lacks.
+    await operator_topology(secured, "acme")
+    done = _plexus(secured, "worker", "orchestrator")
+    assert done.returncode == 1, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
+    errors = [line for line in done.stderr.splitlines() if "PermissionDeniedError" in line]
+    assert len(errors) == 1, done.stderr
+    assert "user 'acme-worker'" in errors[0], errors[0]
+    assert re.search(r"may not (publish|subscribe) to '[^']+'", errors[0]), errors[0]  # names the subject
+
+
+async def test_a_denial_stops_work_that_dropped_a_cancellation(secured: Secured) -> None:
+    # nats-py drops a cancellation that lands in a publish's flush; `raise_on_denial` used to wait for such
+    # work to end on its own (an orchestrator's start retried for a minute) instead of raising.
+    await operator_topology(secured, "acme")
+    rt = await Runtime.connect(secured.url, auth=secured.auth("acme", "client"))
+    stopped = asyncio.Event()
+
+    async def stubborn() -> None:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.sleep(3600)
+        try:
+            await asyncio.sleep(3600)
+        finally:
+            stopped.set()
+
+    try:
+        work = asyncio.ensure_future(raise_on_denial(stubborn(), rt.nc))
+        await asyncio.sleep(0.1)  # the work is waiting
+        await rt.nc.publish("$JS.API.STREAM.CREATE.NOT_YOURS", b"{}")  # the client may not create streams
+        # Not wait_for: cancelling `raise_on_denial` at the bound would itself stop the work.
+        await asyncio.wait({work}, timeout=30)
+        assert work.done(), "the denial was not raised within 30 s"
+        with pytest.raises(PermissionDeniedError) as denied:
+            work.result()
+        assert denied.value.subject == "$js.api.stream.create.not_yours"
+        assert stopped.is_set()
+    finally:
+        await rt.close()

@@ -13,7 +13,7 @@ contract enforces it).
 from .cli import CliError, load_object
 from .client._fork import ForkSource, ForkStart
 from .ops._auth import NatsAuth, NatsAuthError
-from .ops._denials import raise_on_denial
+from .ops._denials import DenialWatch, raise_on_denial
 from .ops._health import HealthServer
 from .ops._liveness import liveness_options
 from .ops._server import NatsCluster, NatsServerError
@@ -41,6 +41,7 @@ __all__ = [
     "INSTRUMENTS",
     "AgentTypeInfo",
     "CliError",
+    "DenialWatch",
     "Envelope",
     "EventLog",
     "ForkSource",

@@ -14,7 +14,9 @@ from nats.js import JetStreamContext
 from nats.js.errors import BucketNotFoundError, NotFoundError
 from nats.js.kv import KeyValue
 
+from plexus.core import PermissionDeniedError
 from plexus.runtime.kernel import (
+    DenialWatch,
     NatsAuth,
     Registry,
     StreamGets,
@@ -22,6 +24,7 @@ from plexus.runtime.kernel import (
     ensure_topology,
     escape_token,
     liveness_options,
+    raise_on_denial,
 )
 from plexus.runtime.orchestration import TERMINAL, RunScheduleBook
 
@@ -97,14 +100,17 @@ class Orchestrator:
         async def on_closed() -> None:
             closed.set()
 
+        denials = DenialWatch(auth.user)
         nc = await nats.connect(
             servers=servers,
             name="plexus-orchestrator",
             max_reconnect_attempts=-1,
             closed_cb=on_closed,
+            error_cb=denials.on_error,
             **liveness_options(),  # a silent server is left in seconds, not minutes
             **auth.connect_options(),
         )
+        denials.source = nc
         orch = cls(nc, config, own_connection=True)
         orch.connection_closed = closed
         return orch
@@ -135,6 +141,16 @@ class Orchestrator:
             return topology.runs
 
     async def start(self) -> Orchestrator:
+        """Start every duty. A permission the connection's user lacks ends the start at once with
+        `PermissionDeniedError` naming the subject (a denied request is never answered: it would be waited
+        out as an outage), and what had started is stopped."""
+        try:
+            return await raise_on_denial(self._start(), self.nc)
+        except PermissionDeniedError:
+            await self.stop()
+            raise
+
+    async def _start(self) -> Orchestrator:
         kv = await self._runs_bucket()
         names = self.config.names
         # Reads through the connection's multiplexed inbox (the runs bucket and the budget counters).

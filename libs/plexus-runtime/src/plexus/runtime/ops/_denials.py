@@ -5,7 +5,8 @@ nats-server answers a publish or subscription the user may not make with an asyn
 just goes unanswered, which looks exactly like an outage (a timeout) and used to be waited out as one. The
 connection's error callback (`DenialWatch.on_error`) turns the violation into a typed error, and
 `raise_on_denial` runs an awaitable until it ends or a violation arrives, whichever is first: connecting, a
-worker's start and each CLI command run under it, so a misconfigured identity fails in one line.
+worker's start, an orchestrator's start and each CLI command run under it, so a misconfigured identity fails
+in one line.
 
 nats-py lower-cases the server's error text, so the subject is reported in lower case.
 """
@@ -28,6 +29,9 @@ log = logging.getLogger("plexus.nats")
 T = TypeVar("T")
 
 _VIOLATION = re.compile(r'permissions violation for (publish|subscription) to "([^"]*)"', re.IGNORECASE)
+
+#: How long a cancelled work gets to stop before it is cancelled again (see `raise_on_denial`).
+_RECANCEL_S = 0.05
 
 #: The waiting `raise_on_denial` calls: each with the connection it watches (None: any connection).
 _waiters: dict[asyncio.Future[PermissionDeniedError], object | None] = {}
@@ -80,9 +84,13 @@ async def raise_on_denial(work: Awaitable[T], source: object | None = None) -> T
         await asyncio.wait(racers, return_when=asyncio.FIRST_COMPLETED)
         if task.done():
             return task.result()
-        task.cancel()
+        # nats-py drops a cancellation that lands in a publish's flush (`Client._flush_pending` catches
+        # CancelledError), and the work then runs on until its own timeouts: cancel until it has stopped.
+        while not task.done():
+            task.cancel()
+            await asyncio.wait({task}, timeout=_RECANCEL_S)
         with contextlib.suppress(asyncio.CancelledError, Exception):
-            await task
+            task.result()
         raise denied.result()
     finally:
         _waiters.pop(denied, None)
