@@ -235,7 +235,7 @@ def test_a_bad_metrics_port_is_refused() -> None:
 
 _EXPORT_ALL = """
 import re, sys, urllib.request
-from plexus.runtime import INSTRUMENTS, configure_telemetry
+from plexus.runtime.kernel import INSTRUMENTS, configure_telemetry
 configure_telemetry("names", env={"PLEXUS_METRICS_PORT": sys.argv[1]})
 for instrument in vars(INSTRUMENTS).values():  # every instrument Plexus has, whatever its kind
     if hasattr(instrument, "add"):
