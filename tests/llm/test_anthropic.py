@@ -51,7 +51,11 @@ async def test_thinking_signature_text_and_split_tool_input() -> None:
     async with FakeProvider(lambda _: Sse(frames), base_path="") as fake:
         turn = await complete(_model(fake), ModelRequest(items=[_user("hi")]))
     assert turn.item.blocks == [
-        ThinkingBlock(content="I should search first.", signature="sig-abc=="),
+        ThinkingBlock(
+            content="I should search first.",
+            signature="sig-abc==",
+            metadata={"plexus.llm.provider": "anthropic"},  # whose reasoning it is: see test_mixed_providers
+        ),
         TextBlock(text="Checking."),
         ToolUseBlock(call_id="toolu_1", tool_name="search", arguments={"query": "jetstream"}),
         ToolUseBlock(call_id="toolu_2", tool_name="now", arguments={}),  # zero-arg: no input_json_delta

@@ -98,9 +98,10 @@ async def test_golden_bodies_parallel_calls_and_signatures_back_unchanged() -> N
     assert [type(b).__name__ for b in first.item.blocks] == [
         "ThinkingBlock", "TextBlock", "ToolUseBlock", "ThinkingBlock", "ToolUseBlock",
     ]  # fmt: skip
-    assert first.item.blocks[0] == ThinkingBlock(content="Two notes.")
+    made_by = {"plexus.llm.provider": "gemini"}  # whose reasoning it is: see test_mixed_providers
+    assert first.item.blocks[0] == ThinkingBlock(content="Two notes.", metadata=made_by)
     assert first.item.blocks[3] == ThinkingBlock(
-        content="", redacted=True, signature=base64.b64encode(signature).decode()
+        content="", redacted=True, signature=base64.b64encode(signature).decode(), metadata=made_by
     )
     assert [b.arguments for b in first.tool_calls] == [{"text": "a"}, {"text": "b"}]
     assert (first.finish_reason.kind, first.finish_reason.raw) == (FinishReasonKind.TOOL_CALL, "STOP")

@@ -36,6 +36,7 @@ from ._events import (
     ToolCallDeltaEvent,
     UsageEvent,
 )
+from ._provenance import made_by
 
 __all__ = ["INVALID_ARGUMENTS_KEY", "ModelTurn", "TurnAccumulator"]
 
@@ -71,6 +72,7 @@ class _Reasoning:
     text: list[str] = field(default_factory=list)
     signature: list[str] = field(default_factory=list)
     redacted: bool = False
+    provider: str = ""
 
 
 class TurnAccumulator:
@@ -120,6 +122,8 @@ class TurnAccumulator:
             if event.signature:
                 reasoning.signature.append(event.signature)
             reasoning.redacted = reasoning.redacted or event.redacted
+            if event.provider:
+                reasoning.provider = event.provider
         elif isinstance(event, BlockEvent):
             if event.index not in self._blocks:
                 self._order.append(("block", event.index))
@@ -142,8 +146,10 @@ class TurnAccumulator:
             elif kind == "reasoning":
                 r = self._reasoning[index]
                 signature = "".join(r.signature) or None
+                text = "".join(r.text)
+                meta = made_by(r.provider)
                 blocks.append(
-                    ThinkingBlock(content="".join(r.text), signature=signature, redacted=r.redacted)
+                    ThinkingBlock(content=text, signature=signature, redacted=r.redacted, metadata=meta)
                 )
             elif kind == "block":
                 blocks.append(self._blocks[index])

@@ -3,7 +3,8 @@
 Seed 004 rules for this wire format: system-like items go to the top-level ``system``; tool results travel
 as ``tool_result`` blocks in ONE user message, placed before any text, and every ``tool_use`` is answered;
 thinking blocks go back verbatim with their ``signature`` (redacted ones as ``redacted_thinking``), and
-reasoning without a signature (from another provider) is dropped because the API would refuse it.
+reasoning another provider made (`_provenance`), or of unknown origin without a signature, is dropped
+because the API would refuse it.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ from ._fold import PrefixFold
 from ._noretry import without_retries
 from ._openai import _retry_after
 from ._output import anthropic_output
+from ._provenance import ANTHROPIC
 from ._settings import ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
 if TYPE_CHECKING:
@@ -329,7 +331,7 @@ def _parts(item: Item) -> _Parts:
 
 
 #: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
-_PARTS = model_facing_memo(_parts)
+_PARTS = model_facing_memo(_parts, ANTHROPIC)
 #: Each conversation's system blocks and messages so far: a turn adds only its new items to the last turn's.
 _FOLD = PrefixFold(_Conversation, _add)
 
@@ -414,11 +416,18 @@ class _EventParser:
             if block.type == "thinking":
                 return [
                     ReasoningDeltaEvent(
-                        text=block.thinking or "", signature=block.signature or "", index=raw.index
+                        text=block.thinking or "",
+                        signature=block.signature or "",
+                        index=raw.index,
+                        provider=ANTHROPIC,
                     )
                 ]
             if block.type == "redacted_thinking":
-                return [ReasoningDeltaEvent(signature=block.data, index=raw.index, redacted=True)]
+                return [
+                    ReasoningDeltaEvent(
+                        signature=block.data, index=raw.index, redacted=True, provider=ANTHROPIC
+                    )
+                ]
             return []
         if kind == "content_block_delta":
             delta = raw.delta
@@ -427,9 +436,9 @@ class _EventParser:
             if delta.type == "input_json_delta":
                 return [ToolCallDeltaEvent(index=raw.index, arguments=delta.partial_json)]
             if delta.type == "thinking_delta":
-                return [ReasoningDeltaEvent(text=delta.thinking, index=raw.index)]
+                return [ReasoningDeltaEvent(text=delta.thinking, index=raw.index, provider=ANTHROPIC)]
             if delta.type == "signature_delta":
-                return [ReasoningDeltaEvent(signature=delta.signature, index=raw.index)]
+                return [ReasoningDeltaEvent(signature=delta.signature, index=raw.index, provider=ANTHROPIC)]
             return []
         if kind == "message_delta":
             out: list[ModelEvent] = []

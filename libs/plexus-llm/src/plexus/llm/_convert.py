@@ -22,6 +22,7 @@ from plexus.core import (
 )
 
 from ._memo import ItemMemo
+from ._provenance import foreign_reasoning
 
 __all__ = ["CANCELLED_RESULT", "blocks_text", "media_base64", "model_facing_memo", "unanswered_calls"]
 
@@ -31,18 +32,20 @@ T = TypeVar("T")
 CANCELLED_RESULT = "[no result: the call was cancelled before it finished]"
 
 
-def model_facing_memo(convert: Callable[[Item], T]) -> ItemMemo[T | None]:
-    """A memo of ``convert`` applied to each item as a model sees it (None: no model sees the item).
+def model_facing_memo(convert: Callable[[Item], T], provider: str) -> ItemMemo[T | None]:
+    """A memo of ``convert`` applied to each item as ``provider``'s models see it (None: none sees the item).
 
-    As a model sees it: session-only items dropped or turned into summaries (``model_items``), every block
-    stripped of what never reaches a model (metadata, ``terminate``). That copy is made on the way and not
+    As a model sees it: session-only items dropped or turned into summaries (``model_items``), reasoning
+    another provider made dropped (`foreign_reasoning`), every block stripped of what never reaches a model
+    (metadata, ``terminate``). That copy is made on the way and not
     kept: only the conversion is. Callers check the tool pairing on the transcript as given
     (`check_tool_pairing` skips the session-only items; the copies keep every call and result of the others).
     """
 
     def facing_then_convert(item: Item) -> T | None:
         for model_item in model_items([item]):  # one item in, at most one out
-            return convert(Item(kind=model_item.kind, blocks=[model_facing(b) for b in model_item.blocks]))
+            blocks = [model_facing(b) for b in model_item.blocks if not foreign_reasoning(b, provider)]
+            return convert(Item(kind=model_item.kind, blocks=blocks))
         return None
 
     return ItemMemo(facing_then_convert)

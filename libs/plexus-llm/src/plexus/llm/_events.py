@@ -35,13 +35,15 @@ class ReasoningDeltaEvent:
     """A chunk of reasoning, and/or (part of) its opaque ``signature``; a block may carry only a signature.
 
     ``redacted`` marks a block whose content the provider withheld (Anthropic ``redacted_thinking``: the
-    opaque payload travels in ``signature`` and must be re-submitted verbatim).
+    opaque payload travels in ``signature`` and must be re-submitted verbatim). ``provider`` names the adapter
+    that made it (`_provenance`): only that provider is sent the block back.
     """
 
     text: str = ""
     signature: str = ""
     index: int = 0
     redacted: bool = False
+    provider: str = ""
 
 
 @dataclass(frozen=True, slots=True)

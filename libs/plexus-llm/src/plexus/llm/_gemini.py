@@ -41,6 +41,7 @@ from ._events import (
 )
 from ._geminiconv import GEMINI_CALL_ID_PREFIX, GEMINI_PART, gemini_contents
 from ._openai import _retry_after
+from ._provenance import GEMINI
 from ._settings import ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 from ._tokencount import CHARS_PER_TOKEN, tool_chars
 
@@ -305,13 +306,19 @@ class _StreamParser:
             )
         elif part.text:
             if part.thought:
-                events.append(ReasoningDeltaEvent(text=part.text, index=self._index("thought")))
+                events.append(
+                    ReasoningDeltaEvent(text=part.text, index=self._index("thought"), provider=GEMINI)
+                )
             else:
                 events.append(TextDeltaEvent(part.text, self._index("text")))
         if part.thought_signature is not None:
             signature = base64.b64encode(part.thought_signature).decode("ascii")
             # Its own block right after its part; a signature ends its part, so what follows is a new block.
-            events.append(ReasoningDeltaEvent(signature=signature, redacted=True, index=self._fresh("")))
+            events.append(
+                ReasoningDeltaEvent(
+                    signature=signature, redacted=True, index=self._fresh(""), provider=GEMINI
+                )
+            )
 
     def _finish(self, reason: Any) -> FinishReason:
         self.finished = True

@@ -12,6 +12,7 @@ them):
 - a part Plexus has no block for (code execution, a server-side tool call, a part type the SDK does not
   know) is an `UnknownBlock` of type `GEMINI_PART` holding the part's JSON, and goes back as it is.
 
+Reasoning another provider made (`_provenance`) is never sent, neither as a thought nor as a signature.
 Parts are never merged across signatures, so a signature stays on the part it came with. Function responses
 name their call (Gemini pairs them by name, and by id when it sent one); ids Plexus made for calls that came
 without one (`GEMINI_CALL_ID_PREFIX`) are never sent. Every call is answered: one left without a result is
@@ -41,6 +42,7 @@ from plexus.core import (
 
 from ._convert import CANCELLED_RESULT, blocks_text, model_facing_memo
 from ._fold import PrefixFold
+from ._provenance import GEMINI
 
 if TYPE_CHECKING:
     from google.genai import types
@@ -201,7 +203,7 @@ def _add(conversation: _Conversation, item: Item) -> None:
 
 
 #: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
-_PARTS = model_facing_memo(_parts)
+_PARTS = model_facing_memo(_parts, GEMINI)
 #: Each conversation's contents so far: a turn adds only its new items to the last turn's.
 _FOLD = PrefixFold(_Conversation, _add)
 

@@ -51,6 +51,7 @@ from ._events import (
 from ._fold import PrefixFold
 from ._noretry import without_retries
 from ._output import openai_response_format
+from ._provenance import OPENAI_CHAT
 from ._settings import TOOL_CHOICES, ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
 if TYPE_CHECKING:
@@ -276,7 +277,7 @@ def _parts(item: Item) -> _Parts:
 
 
 #: Each model-facing item converted once while it lives: a turn converts only the items new since the last.
-_PARTS = model_facing_memo(_parts)
+_PARTS = model_facing_memo(_parts, OPENAI_CHAT)
 #: Each conversation's messages so far: a turn adds only its new items to the last turn's.
 _FOLD = PrefixFold(_Conversation, _add)
 
@@ -337,7 +338,7 @@ def _chunk_events(chunk: Any) -> list[ModelEvent]:
             extra = delta.model_extra or {}
             reasoning = extra.get("reasoning_content") or extra.get("reasoning")
             if isinstance(reasoning, str) and reasoning:
-                events.append(ReasoningDeltaEvent(text=reasoning))
+                events.append(ReasoningDeltaEvent(text=reasoning, provider=OPENAI_CHAT))
             if delta.content:
                 events.append(TextDeltaEvent(delta.content))
             for tc in delta.tool_calls or ():

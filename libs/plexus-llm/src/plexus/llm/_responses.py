@@ -58,6 +58,7 @@ from ._events import (
 from ._fold import PrefixFold
 from ._noretry import without_retries
 from ._openai import _map_error
+from ._provenance import OPENAI_RESPONSES
 from ._settings import TOOL_CHOICES, ModelSettings, ProviderKwargs, SettingsCache, UnsupportedSettingError
 
 if TYPE_CHECKING:
@@ -208,8 +209,9 @@ def responses_input(items: Sequence[Item]) -> list[dict[str, Any]]:
     """Seed 004 boundary for the Responses API: system-like kinds → ``system``/``developer`` messages; an
     assistant item → its reasoning items (as issued), messages and ``function_call`` items in block order;
     tool results → ``function_call_output`` items; every call answered before the next message (a call left
-    unanswered is answered as cancelled). Reasoning of another provider is dropped, and so is a reasoning
-    item nothing follows (the API refuses one without its following item). The items are the caller's."""
+    unanswered is answered as cancelled). Reasoning of another provider (`_provenance`) is dropped, and so is
+    a reasoning item nothing follows (the API refuses one without its following item). The items are the
+    caller's."""
     return copy.deepcopy(_input(items))
 
 
@@ -273,7 +275,7 @@ def _parts(item: Item) -> _Parts:
     return _Parts(results, True, [{"role": "user", "content": [_user_part(b) for b in rest]}])
 
 
-_PARTS = model_facing_memo(_parts)
+_PARTS = model_facing_memo(_parts, OPENAI_RESPONSES)
 _FOLD = PrefixFold(_Conversation, _add)
 
 
@@ -369,9 +371,11 @@ class _Reader:
             self._streamed.add(event.output_index)
             return [TextDeltaEvent(event.delta, index=event.output_index)]
         if kind in ("response.reasoning_summary_text.delta", "response.reasoning_text.delta"):
-            return [ReasoningDeltaEvent(text=event.delta, index=event.output_index)]
+            return [
+                ReasoningDeltaEvent(text=event.delta, index=event.output_index, provider=OPENAI_RESPONSES)
+            ]
         if kind == "response.reasoning_summary_part.added" and event.summary_index > 0:
-            return [ReasoningDeltaEvent(text="\n\n", index=event.output_index)]
+            return [ReasoningDeltaEvent(text="\n\n", index=event.output_index, provider=OPENAI_RESPONSES)]
         if kind == "response.function_call_arguments.delta":
             self._streamed.add(event.output_index)
             return [ToolCallDeltaEvent(index=event.output_index, arguments=event.delta)]
@@ -396,14 +400,14 @@ class _Reader:
             self._calls = True
             return [ToolCallDeltaEvent(index=index, call_id=item.call_id, name=item.name)]
         if item.type == "reasoning":
-            return [ReasoningDeltaEvent(index=index)]  # its place among the blocks
+            return [ReasoningDeltaEvent(index=index, provider=OPENAI_RESPONSES)]  # its place among the blocks
         return []
 
     def _done(self, item: Any, index: int) -> list[ModelEvent]:
         if item.type == "reasoning":
             # The whole item, from .done (.added's encrypted content may be incomplete), as sent back.
             signature = json.dumps(item.to_dict(), separators=(",", ":"), ensure_ascii=False)
-            return [ReasoningDeltaEvent(signature=signature, index=index)]
+            return [ReasoningDeltaEvent(signature=signature, index=index, provider=OPENAI_RESPONSES)]
         if item.type == "function_call":
             self._calls = True
             call = ToolCallDeltaEvent(index=index, call_id=item.call_id, name=item.name)
