@@ -12,6 +12,7 @@ import anthropic
 import openai
 
 from plexus.core import (
+    AgentId,
     Item,
     ItemKind,
     TextBlock,
@@ -22,13 +23,15 @@ from plexus.core import (
 from plexus.llm import (
     AnthropicModel,
     GeminiModel,
+    LLMAgent,
     ModelClient,
     ModelRequest,
     OpenAIResponsesModel,
     complete,
 )
+from plexus.runtime import App, Runtime
 
-from .fake_gemini import gemini_client, gemini_frames
+from .fake_gemini import GeminiCall, gemini_client, gemini_frames
 from .fake_providers import FakeProvider, Sse, anthropic_frames
 from .fake_responses import Reasoning, responses_frames
 
@@ -138,3 +141,28 @@ async def test_own_reasoning_still_goes_back_after_a_journal_round_trip() -> Non
         {"type": "thinking", "thinking": "let me think", "signature": ANTHROPIC_SIGNATURE},
         {"type": "text", "text": "four"},
     ]
+
+
+async def test_a_handoff_from_gemini_to_an_anthropic_specialist_sends_no_gemini_reasoning(
+    runtime: Runtime, start_worker: Any
+) -> None:
+    """As a user meets it: a triage agent on Gemini thinks, signs its call and hands the conversation to a
+    specialist on Anthropic; the specialist's request carries the triage's words but none of its reasoning."""
+    call = GeminiCall("transfer_to_billing", {}, signature=GEMINI_SIGNATURE)
+    triage_frames = gemini_frames("Routing.", [call], thought="billing, clearly")
+    async with (
+        FakeProvider(lambda _: Sse(triage_frames), base_path="") as gemini_fake,
+        FakeProvider(lambda _: Sse(anthropic_frames("Billing here.")), base_path="") as anthropic_fake,
+    ):
+        app = App()
+        billing = app.register("billing", lambda _id: LLMAgent(_anthropic(anthropic_fake)))
+        app.register("triage", lambda _id: LLMAgent(_gemini(gemini_fake), handoffs=[billing]))
+        await start_worker(app)
+        reply = await runtime.send_message([TextBlock(text="refund?")], AgentId("triage", "t1"), timeout=30)
+
+    assert [b.text for b in reply if isinstance(b, TextBlock)] == ["Billing here."]
+    (body,) = anthropic_fake.requests
+    content = _assistant_content(body)
+    assert {"type": "text", "text": "Routing."} in content
+    assert all(c["type"] not in ("thinking", "redacted_thinking") for c in content)
+    assert base64.b64encode(GEMINI_SIGNATURE).decode() not in json.dumps(body)
