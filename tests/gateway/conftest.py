@@ -31,15 +31,15 @@ class Stack:
     nats_url: str
 
 
-@pytest.fixture
-async def cluster(nats_server: NatsServer) -> AsyncIterator[Runtime]:
-    """Orchestrator + worker on their own connections; yields the gateway's Runtime."""
-    orch = await Orchestrator.connect(nats_server.url, OrchestratorConfig(sweeper=FAST))
+@contextlib.asynccontextmanager
+async def serving_cluster(url: str, config: OrchestratorConfig) -> AsyncIterator[Runtime]:
+    """Orchestrator (`config`) + worker on their own connections; yields the gateway's Runtime."""
+    orch = await Orchestrator.connect(url, config)
     await orch.start()
-    worker_rt = await Runtime.connect(nats_server.url, heartbeat_ttl_s=3.0, lease_ttl_s=3.0)
+    worker_rt = await Runtime.connect(url, heartbeat_ttl_s=3.0, lease_ttl_s=3.0)
     worker = Worker(agents_app, worker_rt, WorkerConfig(lease_ttl_s=3.0, heartbeat_s=0.5, ack_wait_s=5.0))
     await worker.start()
-    rt = await Runtime.connect(nats_server.url, heartbeat_ttl_s=3.0, lease_ttl_s=3.0)
+    rt = await Runtime.connect(url, heartbeat_ttl_s=3.0, lease_ttl_s=3.0)
     await until_serving(rt.nc)
     try:
         yield rt
@@ -49,6 +49,13 @@ async def cluster(nats_server: NatsServer) -> AsyncIterator[Runtime]:
         await worker_rt.close()
         await orch.stop()
         await rt.close()
+
+
+@pytest.fixture
+async def cluster(nats_server: NatsServer) -> AsyncIterator[Runtime]:
+    """Orchestrator + worker on their own connections; yields the gateway's Runtime."""
+    async with serving_cluster(nats_server.url, OrchestratorConfig(sweeper=FAST)) as rt:
+        yield rt
 
 
 StartGateway = Callable[..., Awaitable[Stack]]

@@ -4,7 +4,6 @@ per-tenant limit answer with typed problems."""
 
 from __future__ import annotations
 
-import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,12 +11,11 @@ import httpx
 import pytest
 
 from plexus.core import AgentId, TextBlock
-from plexus.orchestrator import Orchestrator, OrchestratorConfig
-from plexus.runtime import InvalidScheduleError, NatsServer, Runtime, Worker, WorkerConfig
-from tests.orchestrator.conftest import FAST, until_serving
+from plexus.orchestrator import OrchestratorConfig
+from plexus.runtime import InvalidScheduleError, NatsServer, Runtime
+from tests.orchestrator.conftest import FAST
 
-from .apps import app as agents_app
-from .conftest import Stack
+from .conftest import Stack, serving_cluster
 
 #: This file's orchestrator allows 2 scheduled runs per tenant, so the limit is reached in a few calls.
 LIMIT = 2
@@ -26,21 +24,9 @@ LIMIT = 2
 @pytest.fixture
 async def cluster(nats_server: NatsServer) -> AsyncIterator[Runtime]:
     """The conftest's cluster, with a low per-tenant limit of scheduled runs."""
-    orch = await Orchestrator.connect(nats_server.url, OrchestratorConfig(sweeper=FAST, max_schedules=LIMIT))
-    await orch.start()
-    worker_rt = await Runtime.connect(nats_server.url, heartbeat_ttl_s=3.0, lease_ttl_s=3.0)
-    worker = Worker(agents_app, worker_rt, WorkerConfig(lease_ttl_s=3.0, heartbeat_s=0.5, ack_wait_s=5.0))
-    await worker.start()
-    rt = await Runtime.connect(nats_server.url, heartbeat_ttl_s=3.0, lease_ttl_s=3.0)
-    await until_serving(rt.nc)
-    try:
+    config = OrchestratorConfig(sweeper=FAST, max_schedules=LIMIT)
+    async with serving_cluster(nats_server.url, config) as rt:
         yield rt
-    finally:
-        with contextlib.suppress(Exception):
-            await worker.stop(drain_timeout=2)
-        await worker_rt.close()
-        await orch.stop()
-        await rt.close()
 
 
 def text(value: str) -> list[dict[str, str]]:
