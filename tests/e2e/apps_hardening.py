@@ -98,8 +98,14 @@ class _KillConnectionOnStart(Interceptor):
     as `conn-killer`: the start then fails on a closed connection and the worker must say so and exit 1."""
 
     async def start(self, connection: Connection, worker_id: str) -> None:
-        await connection.nc.publish("_INBOX." + "x" * 5000, b"")
-        await connection.nc.flush(timeout=5)
+        nc = connection.nc
+        await nc.publish("_INBOX." + "x" * 5000, b"")
+        # No flush: its PING, sent right behind the line the server refuses, could still be unread when the
+        # server closes the socket, which then ends in a reset instead of the server's error (nats-py
+        # reconnects after a reset, and the start would go on). Wait for the close the error causes.
+        async with asyncio.timeout(5):
+            while not nc.is_closed:  # noqa: ASYNC110 - nats-py offers no event for it
+                await asyncio.sleep(0.01)
 
 
 start_killer = App(interceptors=[_KillConnectionOnStart()])
