@@ -68,3 +68,16 @@ async def test_watch_json_into_head_exits_0_without_a_traceback(gw: Stack) -> No
     assert json.loads(line)["event"] == "snapshot"
     # head left while the tree was still running: the pipe really was closed under the writer.
     assert (await gw.rt.wait_run(run_id, timeout=30)).status == "completed"
+
+
+async def test_watch_of_a_run_that_already_ended_prints_its_status_line(gw: Stack) -> None:
+    # The snapshot is the first status of each run: a run that ended before the watch began still gets its
+    # plain line (the line used to depend on whether the watch or the run came first).
+    started = await gw.client.post("/v1/runs", json={"agent_id": "echo/w4", "input": text("done before")})
+    run_id = started.json()["run_id"]
+    assert (await gw.rt.wait_run(run_id, timeout=30)).status == "completed"
+    code, out, err = await plexus("runs", "watch", run_id, "--nats", gw.nats_url)
+    assert code == 0, err
+    lines = out.splitlines()
+    assert lines[0] == "echo/w4  completed", out
+    assert lines[-1] == "answer: echo #1: done before"

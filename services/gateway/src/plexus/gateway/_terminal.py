@@ -76,7 +76,14 @@ async def watch_tree(rt: Runtime, root: dict[str, Any], *, as_json: bool) -> int
         if as_json:
             print(json.dumps({"id": event["id"], "event": event["event"], "data": data}), flush=True)
         if event["event"] == "snapshot":
-            runs = {r["run_id"]: r for r in data["runs"]}
+            fresh = {r["run_id"]: r for r in data["runs"]}
+            if not as_json and not redraw:
+                # Into a pipe the snapshot is the first status of each run (a run that ended before the
+                # watch began gets its line too), then each change after it.
+                for run_id, run in fresh.items():
+                    if runs.get(run_id, {}).get("status") != run.get("status"):
+                        print(f"{run['agent_id']}  {run.get('status', 'pending')}", flush=True)
+            runs = fresh
         elif "run" in data:
             run = data["run"]
             if not as_json and not redraw and runs.get(run["run_id"], {}).get("status") != run.get("status"):
