@@ -3,7 +3,9 @@
 ``python -m bench.plexus_bench serve --app main|keys --url URL`` runs a `Worker` exactly as
 ``plexus worker`` does (same `Runtime.connect` + `Worker` + `WorkerConfig`), plus a core-NATS control subject
 ``bench.ctl.<app>`` that reports RSS and the activation count and can force passivation. The ``keys`` app
-runs alone so its memory is not mixed with other scenarios.
+runs alone so its memory is not mixed with other scenarios. For a memory diagnosis, send ``diag-start`` (or
+``diag-start-trace``: tracemalloc too, ≈ 25× slower) to the control subject before a burst and ``diag`` after
+it: the worker writes what survived to its stderr (`_Diagnosis`).
 
 ``python -m bench.plexus_bench client --url URL --mode quick`` measures and prints one RESULT line. The
 ``main`` app's budget scenario needs an orchestrator on the same server (`bench.run` starts one).
@@ -12,13 +14,17 @@ runs alone so its memory is not mixed with other scenarios.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import dataclasses
 import gc
 import json
 import os
+import reprlib
 import signal
+import sys
 import time
+import tracemalloc
 from typing import Any
 
 from nats.aio.msg import Msg
@@ -136,6 +142,48 @@ class _CollectorClock:
             self.total_s += time.perf_counter() - self._started
 
 
+class _Diagnosis:
+    """What survives a burst (``diag-start`` before it, ``diag`` after passivating), written to stderr:
+    tracemalloc's allocation sites of the blocks still alive, the collector's objects by type (with a
+    referrer of a few), and pymalloc's arenas and blocks (`sys._debugmallocstats`)."""
+
+    def __init__(self) -> None:
+        self._ids: set[int] = set()
+
+    def start(self, trace: bool) -> None:
+        gc.collect()
+        self._ids = {id(o) for o in gc.get_objects()}
+        sys._debugmallocstats()
+        if trace:
+            tracemalloc.start(25)
+
+    def report(self) -> None:
+        gc.collect()
+        out = sys.stderr
+        if tracemalloc.is_tracing():
+            snapshot = tracemalloc.take_snapshot().filter_traces(
+                [tracemalloc.Filter(False, tracemalloc.__file__)]
+            )
+            tracemalloc.stop()
+            stats = snapshot.statistics("traceback")
+            total = sum(s.count for s in stats)
+            print(f"DIAG traced blocks alive: {total}, {sum(s.size for s in stats)} B", file=out)
+            for stat in stats[:25]:
+                print(f"DIAG site: {stat.count} blocks, {stat.size} B", file=out)
+                for line in stat.traceback.format(limit=12):
+                    print(f"DIAG   {line}", file=out)
+            del snapshot, stats
+        new = [o for o in gc.get_objects() if id(o) not in self._ids]
+        by_type = collections.Counter(type(o).__qualname__ for o in new)
+        print(f"DIAG new tracked objects: {len(new)}: {by_type.most_common(25)}", file=out)
+        for name, _ in by_type.most_common(8):
+            sample = next(o for o in new if type(o).__qualname__ == name)
+            holders = [type(r).__qualname__ for r in gc.get_referrers(sample) if r is not new]
+            print(f"DIAG   a {name} is held by {holders[:6]}: {reprlib.repr(sample)}", file=out)
+        del new
+        sys._debugmallocstats()
+
+
 async def serve(url: str, app_name: str) -> None:
     app = build_app(app_name)
     rt = await Runtime.connect(url, namespace=app.namespace)
@@ -150,7 +198,13 @@ async def serve(url: str, app_name: str) -> None:
     collecting = _CollectorClock()
     gc.callbacks.append(collecting.on_gc)
 
+    diag = _Diagnosis()
+
     async def control(msg: Msg) -> None:
+        if msg.data.startswith(b"diag-start"):
+            diag.start(trace=msg.data == b"diag-start-trace")
+        elif msg.data == b"diag":
+            diag.report()
         if msg.data == b"passivate":
             # No public hook forces passivation; make every activation idle and run one round now.
             worker._upkeep.config = dataclasses.replace(worker._upkeep.config, idle_passivate_s=0.0)
