@@ -62,6 +62,7 @@ from ._identity import (
     DEFAULT_NAMESPACE,
     AgentId,
     TopicId,
+    forget_parsed_ids,
 )
 from ._ids import (
     ID_MAX_LENGTH,
@@ -308,6 +309,7 @@ __all__ = [
     "dumps_sorted",
     "entry_from_json",
     "entry_to_json",
+    "forget_parsed_ids",
     "kernel_entry_json",
     "kernel_message_from_dict",
     "model_facing",

@@ -9,21 +9,18 @@ passes; anything else goes through the model, which raises the errors it always 
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Mapping
 
 import msgspec
 
-from ._ids import MessageId, RunId
+from ._ids import MessageId, parsed_run_id
 from ._messages import _ULID_MAX_SECONDS, ReplyMessage, RunMessageReceived
 from ._ulids import mint_ulid
 
 __all__ = ["kernel_entry_json", "received_entry_json", "reply_entry_json"]
 
 _ENCODER = msgspec.json.Encoder()
-#: Ids of recent entries, parsed: a run's messages repeat its run id. Failures are not cached.
-_parsed_run_id = functools.lru_cache(maxsize=1024)(RunId.parse)
 
 
 def _fast_timestamp(timestamp: float | None) -> float | None:
@@ -52,7 +49,7 @@ def received_entry_json(
     fast = fast and (sender is None or type(sender) is str)
     if fast:
         try:
-            _parsed_run_id(run_id)
+            parsed_run_id(run_id)
             MessageId.parse(message_id)
         except (ValueError, TypeError):
             fast = False

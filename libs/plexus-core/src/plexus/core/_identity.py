@@ -13,7 +13,9 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
-__all__ = ["DEFAULT_NAMESPACE", "AgentId", "TopicId"]
+from ._ids import parsed_run_id
+
+__all__ = ["DEFAULT_NAMESPACE", "AgentId", "TopicId", "forget_parsed_ids"]
 
 DEFAULT_NAMESPACE = "default"
 
@@ -169,3 +171,14 @@ def _parse_agent_id(text: str) -> AgentId:
 def _parse_topic_id(text: str) -> TopicId:
     namespace, type_, source = _split(text, "source")
     return TopicId(type_, source, namespace)
+
+
+def forget_parsed_ids() -> None:
+    """Empty the caches of parsed agent, topic and run ids (they refill as ids are parsed again).
+
+    For a process that has just let go of many agents: each cache keeps the last few thousand distinct ids,
+    and after a burst of new keys those are the burst's, allocated among its objects, so the small-object
+    allocator cannot give the memory those objects used back to the system while they live."""
+    _parse_agent_id.cache_clear()
+    _parse_topic_id.cache_clear()
+    parsed_run_id.cache_clear()

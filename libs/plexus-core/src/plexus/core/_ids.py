@@ -15,6 +15,7 @@ encode it before it puts the id in a subject.
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Any, ClassVar, Self
 
@@ -37,6 +38,7 @@ __all__ = [
     "ToolCallId",
     "TurnId",
     "TypedId",
+    "parsed_run_id",
 ]
 
 ID_MAX_LENGTH = 256
@@ -207,3 +209,8 @@ class ProviderMessageId(TypedId):
 
     __slots__ = ()
     prefix = "pmsg"
+
+
+#: Run ids parsed recently (the EventLog entries a worker writes and the progress events of a run repeat
+#: their run's id). Failures are not cached; `forget_parsed_ids` empties it.
+parsed_run_id = functools.lru_cache(maxsize=2048)(RunId.parse)

@@ -8,7 +8,6 @@ lets a subscriber drop duplicates. `StreamEvent` is the token-level stream of on
 from __future__ import annotations
 
 import enum
-import functools
 import time
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Literal, Self
@@ -18,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from ._blocks_json import content_blocks_to_json
 from ._content import BaseBlock, ContentBlock
-from ._ids import RunId
+from ._ids import RunId, parsed_run_id
 from ._transcript import Metadata
 from ._usage import FinishReason, Usage
 
@@ -86,8 +85,6 @@ class AgentProgress(BaseModel):
 
 
 _METADATA: TypeAdapter[dict[str, Any]] = TypeAdapter(Metadata)
-#: The run ids of recent events, parsed: every event of a run repeats them. Failures are not cached.
-_parsed_run_id = functools.lru_cache(maxsize=1024)(RunId.parse)
 _ENCODER = msgspec.json.Encoder()
 _SORTED_ENCODER = msgspec.json.Encoder(order="sorted")
 #: Nesting a metadata bag may have for the quick path (deeper ones take the model's way).
@@ -139,7 +136,7 @@ def progress_event_json(
     """
     try:
         for run in (run_id, root_id) if parent_id is None else (run_id, root_id, parent_id):
-            _parsed_run_id(run)
+            parsed_run_id(run)
         ids_ok = True
     except (ValueError, TypeError):
         ids_ok = False
