@@ -116,3 +116,21 @@ async def test_the_worker_lets_go_of_replies_older_than_its_resend_window(
     await asyncio.sleep(1.0)
     await runtime.send_message([TextBlock(text="hi")], targets[0], timeout=30)
     assert len(recent._recent) == 1
+
+
+async def test_the_worker_lets_go_of_its_last_replies_when_no_newer_one_comes(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """Older replies were let go only as a newer one was recorded: a worker that went idle after a burst
+    kept the burst's last second of replies for good."""
+    app = App()
+    app.register("noter", lambda _id: Noter())
+    worker = await start_worker(app)
+    recent = worker._intake.recent_replies
+    recent.WINDOW_S = 0.5  # this worker's only
+    targets = [AgentId("noter", f"q{i}") for i in range(N)]
+    await asyncio.gather(*(runtime.send_message([TextBlock(text="hi")], t, timeout=30) for t in targets))
+    assert len(recent._recent) == N
+    async with asyncio.timeout(5):
+        while recent._recent:  # noqa: ASYNC110 (let go by the worker's timer: nothing to await)
+            await asyncio.sleep(0.05)
