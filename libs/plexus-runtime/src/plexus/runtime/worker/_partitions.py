@@ -143,14 +143,16 @@ class _Puller:
         slots taken for the request); True when the request failed."""
         deadline = asyncio.get_running_loop().time() + self.EXPIRES_S + 1.0
         while self._got < wanted and not self._stopped:
-            try:
-                msg = queue.get_nowait()
-            except asyncio.QueueEmpty:
+            if queue.empty():
+                # Not `except QueueEmpty: await ...`: an idle puller would hold the exception, its traceback
+                # and frame for as long as it waits (16 pullers, each pinning its blocks in some arena).
                 try:
                     async with asyncio.timeout_at(deadline):
                         msg = await queue.get()
                 except TimeoutError:
                     return False  # the 408 was lost (e.g. a reconnect): ask again
+            else:
+                msg = queue.get_nowait()
             if msg.reply and msg.reply.startswith("$JS.ACK."):
                 self._got += 1
                 try:
