@@ -100,19 +100,27 @@ async def test_passivated_activations_are_collected(runtime: Runtime, start_work
     assert alive == dict.fromkeys(alive, 0), f"still alive after passivation: {alive}"
 
 
-async def test_the_worker_lets_go_of_replies_older_than_its_resend_window(
-    runtime: Runtime, start_worker: StartWorker
-) -> None:
-    """Replies are kept to be sent again after a reconnect, for `WINDOW_S`; they were kept until 8,192 newer
-    ones pushed them out, so a worker held the last replies of agents passivated long ago."""
+async def _replies_of_a_burst(
+    runtime: Runtime, start_worker: StartWorker, prefix: str
+) -> tuple[Any, list[AgentId]]:
+    """A worker whose re-send window is 0.5 s answers N new keys at once; its recent replies and the keys."""
     app = App()
     app.register("noter", lambda _id: Noter())
     worker = await start_worker(app)
     recent = worker._intake.recent_replies
     recent.WINDOW_S = 0.5  # this worker's only
-    targets = [AgentId("noter", f"r{i}") for i in range(N)]
+    targets = [AgentId("noter", f"{prefix}{i}") for i in range(N)]
     await asyncio.gather(*(runtime.send_message([TextBlock(text="hi")], t, timeout=30) for t in targets))
-    assert len(recent._recent) == N
+    return recent, targets
+
+
+async def test_the_worker_lets_go_of_replies_older_than_its_resend_window(
+    runtime: Runtime, start_worker: StartWorker
+) -> None:
+    """Replies are kept to be sent again after a reconnect, for `WINDOW_S`; they were kept until 8,192 newer
+    ones pushed them out, so a worker held the last replies of agents passivated long ago."""
+    recent, targets = await _replies_of_a_burst(runtime, start_worker, "r")
+    assert recent._recent
     await asyncio.sleep(1.0)
     await runtime.send_message([TextBlock(text="hi")], targets[0], timeout=30)
     assert len(recent._recent) == 1
@@ -123,14 +131,8 @@ async def test_the_worker_lets_go_of_its_last_replies_when_no_newer_one_comes(
 ) -> None:
     """Older replies were let go only as a newer one was recorded: a worker that went idle after a burst
     kept the burst's last second of replies for good."""
-    app = App()
-    app.register("noter", lambda _id: Noter())
-    worker = await start_worker(app)
-    recent = worker._intake.recent_replies
-    recent.WINDOW_S = 0.5  # this worker's only
-    targets = [AgentId("noter", f"q{i}") for i in range(N)]
-    await asyncio.gather(*(runtime.send_message([TextBlock(text="hi")], t, timeout=30) for t in targets))
-    assert len(recent._recent) == N
+    recent, _ = await _replies_of_a_burst(runtime, start_worker, "q")
+    assert recent._recent  # kept (some may already be gone if the burst outlasted the window)
     async with asyncio.timeout(5):
         while recent._recent:  # noqa: ASYNC110 (let go by the worker's timer: nothing to await)
             await asyncio.sleep(0.05)
