@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
@@ -322,15 +323,23 @@ class Remote:
             ) from exc
 
 
-_REMOTES: dict[tuple[Any, ...], Remote] = {}
+#: Per event loop, held weakly: a Remote's lock and HTTP pool belong to one loop, and they go with it.
+#: (Keyed by `id(loop)`, a new loop at a dead one's address was handed the dead loop's Remote.)
+_REMOTES: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, dict[tuple[Any, ...], Remote]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def remote_for(url: str, headers: dict[str, str], connect_timeout_s: float, poll_s: float) -> Remote:
     """This event loop's `Remote` for ``url`` and ``headers`` (one card read and one HTTP pool each)."""
-    key = (id(asyncio.get_running_loop()), url, tuple(sorted(headers.items())))
-    remote = _REMOTES.get(key)
+    loop = asyncio.get_running_loop()
+    remotes = _REMOTES.get(loop)
+    if remotes is None:
+        remotes = _REMOTES[loop] = {}
+    key = (url, tuple(sorted(headers.items())))
+    remote = remotes.get(key)
     if remote is None:
-        remote = _REMOTES[key] = Remote(url, headers, connect_timeout_s, poll_s)
+        remote = remotes[key] = Remote(url, headers, connect_timeout_s, poll_s)
     return remote
 
 

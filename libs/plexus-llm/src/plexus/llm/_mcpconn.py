@@ -58,7 +58,10 @@ class Connection:
     def __init__(self, name: str, transport: TransportFactory) -> None:
         self.name = name
         self._transport = transport
-        self._lock = asyncio.Lock()
+        #: Made per event loop (`_start_lock`): an asyncio lock binds to the loop it first waited on, and this
+        #: connection outlives a loop (a test's, or a script's `asyncio.run`) to start again on the next.
+        self._lock: asyncio.Lock | None = None
+        self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._session: ClientSession | None = None
         self._task: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -73,11 +76,17 @@ class Connection:
         session = self._live()
         if session is not None:
             return session
-        async with self._lock:
+        async with self._start_lock():
             session = self._live()
             if session is None:
                 session = await self._start(connect_timeout_s)
             return session
+
+    def _start_lock(self) -> asyncio.Lock:
+        loop = asyncio.get_running_loop()
+        if self._lock is None or self._lock_loop is not loop:
+            self._lock, self._lock_loop = asyncio.Lock(), loop
+        return self._lock
 
     def _live(self) -> ClientSession | None:
         loop = asyncio.get_running_loop()
