@@ -12,6 +12,7 @@ import asyncio
 import os
 import random
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -24,6 +25,8 @@ pytestmark = pytest.mark.timeout(600)
 FIXED_SEED = 36_8
 #: Examples per operation and phase: some CPU seconds per run (the suite runs on 2 shared cores).
 EXAMPLES = 25
+#: Which statuses count as refusing invalid data (413 too: the size limit refuses before parsing).
+CONFIG = Path(__file__).with_name("schemathesis.toml")
 #: Endless streams: they never answer with a complete response (covered by test_runs_api / test_feed).
 ENDLESS = ["/v1/runs/changes"]
 
@@ -48,6 +51,8 @@ async def test_schemathesis_all_checks_pass(start_gateway: StartGateway, which: 
     args = [
         "-m",
         "schemathesis.cli",
+        "--config-file",
+        str(CONFIG),
         "run",
         f"{gw.url}/openapi.json",
         "--checks",
