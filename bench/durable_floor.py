@@ -17,7 +17,8 @@ nats-server, the serving process and the client (Linux ``/proc``), and the ratio
 with one property of Plexus's durable send added: ``floor-bytes`` (Plexus's envelope, append and reply
 sizes), ``floor-parts`` (16 partitions by subject transform, a filtered pull consumer each plus 16 idle
 ones, pulls of ≤ 8 over 256 shared slots), ``floor-ckpt`` (a checkpoint KV write every 16th message of a
-key) and ``floor-all``; e.g. ``run --rounds 5 --sides all --count 10000``. With other sides than the three
+key) and ``floor-all``; ``floor-parts4``, ``floor-parts1`` and ``floor-all4`` with 4 or 1 partitions per
+type (pulls of ≤ 32 or ≤ 64); e.g. ``run --rounds 5 --sides all --count 10000``. With other sides than the three
 it also prints the spread over the rounds at 100 in flight, nats-server's messages and kilobytes in per
 message (``/varz``), and each variant's difference from the floor.
 """
@@ -108,7 +109,7 @@ async def serve(url: str, variant: Variant = VARIANTS["floor"]) -> None:
         inbox.subjects = [f"{subject}.*.*"]
         inbox.subject_transform = js_api.SubjectTransform(
             src=f"{subject}.*.*",
-            dest=f"{root}.inp.{{{{wildcard(1)}}}}.{{{{partition({fv.PARTITIONS},2)}}}}.{{{{wildcard(2)}}}}",
+            dest=f"{root}.inp.{{{{wildcard(1)}}}}.{{{{partition({variant.partitions},2)}}}}.{{{{wildcard(2)}}}}",
         )
     for config in (
         inbox,
@@ -218,7 +219,7 @@ async def _serve_partitions(
     root = subject.rsplit(".", 1)[0]
     pullers = []
     for agent_type in ("echo", "idle"):
-        for p in range(fv.PARTITIONS):
+        for p in range(variant.partitions):
             durable = f"{consumer}_{agent_type}_{p}"
             await js.add_consumer(
                 stream,
@@ -232,7 +233,7 @@ async def _serve_partitions(
                     max_deliver=-1,
                 ),
             )
-            pullers.append(fv.pull_partition(nc, stream, durable, slots, start))
+            pullers.append(fv.pull_partition(nc, stream, durable, slots, start, variant.max_batch))
     ready()
     await asyncio.gather(*pullers)
 

@@ -51,8 +51,18 @@ class Variant:
 
     name: str
     bytes: bool = False
-    parts: bool = False
+    #: Partitions of the inbox per agent type (0: one unfiltered consumer, fetched as raw.js does).
+    partitions: int = 0
     ckpt: bool = False
+
+    @property
+    def parts(self) -> bool:
+        return self.partitions > 0
+
+    @property
+    def max_batch(self) -> int:
+        """The largest pull, as a worker computes it: every partition of its 2 types keeps a request open."""
+        return max(1, min(64, SLOTS // (2 * self.partitions)))
 
     @property
     def tag(self) -> str:
@@ -65,9 +75,13 @@ VARIANTS = {
     for v in (
         Variant("floor"),
         Variant("floor-bytes", bytes=True),
-        Variant("floor-parts", parts=True),
+        Variant("floor-parts", partitions=PARTITIONS),
         Variant("floor-ckpt", ckpt=True),
-        Variant("floor-all", bytes=True, parts=True, ckpt=True),
+        Variant("floor-all", bytes=True, partitions=PARTITIONS, ckpt=True),
+        # Fewer partitions, hence larger pulls (32 and 64 messages): what a topology change would give.
+        Variant("floor-parts4", partitions=4),
+        Variant("floor-parts1", partitions=1),
+        Variant("floor-all4", bytes=True, partitions=4, ckpt=True),
     )
 }
 
@@ -164,8 +178,9 @@ async def pull_partition(
     durable: str,
     slots: asyncio.Semaphore,
     handle: Callable[[Msg], Awaitable[None]],
+    max_batch: int = MAX_BATCH,
 ) -> None:
-    """Pull one consumer for ever, asking for as many messages as free slots (≤ `MAX_BATCH`), each request
+    """Pull one consumer for ever, asking for as many messages as free slots (≤ `max_batch`), each request
     held open by the server for a second; `handle` gets each message with one slot, which it releases."""
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
@@ -179,7 +194,7 @@ async def pull_partition(
     while True:
         await slots.acquire()
         free = 1
-        while free < MAX_BATCH and not slots.locked():
+        while free < max_batch and not slots.locked():
             await slots.acquire()
             free += 1
         await nc.publish(subject, json.dumps({"batch": free, "expires": EXPIRES_NS}).encode(), reply=inbox)
