@@ -18,8 +18,9 @@ with one property of Plexus's durable send added: ``floor-bytes`` (Plexus's enve
 sizes), ``floor-parts`` (16 partitions by subject transform, a filtered pull consumer each plus 16 idle
 ones, pulls of ≤ 8 over 256 shared slots), ``floor-ckpt`` (a checkpoint KV write every 16th message of a
 key) and ``floor-all``; ``floor-parts4``, ``floor-parts1`` and ``floor-all4`` with 4 or 1 partitions per
-type (pulls of ≤ 32 or ≤ 64); e.g. ``run --rounds 5 --sides all --count 10000``. With other sides than the three
-it also prints the spread over the rounds at 100 in flight, nats-server's messages and kilobytes in per
+type (pulls of ≤ 32 or ≤ 64); and Plexus itself with 4 or 1 partitions (``plexus.p4``, ``plexus.p1``, each
+on a nats-server of its own). E.g. ``run --rounds 5 --sides all --count 10000``. With other sides than the
+three it also prints the spread over the rounds at 100 in flight, nats-server's messages and kilobytes in per
 message (``/varz``), and each variant's difference from the floor.
 """
 
@@ -51,7 +52,7 @@ from bench import floor_variants as fv
 from bench.common import PAYLOAD, READY, closed_loop, ready
 from bench.floor_variants import VARIANTS, Variant
 from plexus.core import AgentId, TextBlock
-from plexus.runtime import NatsServer, Runtime
+from plexus.runtime import NatsServer, Runtime, Worker, WorkerConfig
 
 STREAM = "BENCH_FLOOR"
 SUBJECT = "benchfloor.in"
@@ -65,7 +66,9 @@ WIDTHS = (12, 10, 9, 13, 9, 8, 7)
 #: Lanes of the closed loops at most (one key each).
 MAX_LANES = 100
 DEFAULT_SIDES = ["raw.js", "floor", "plexus.dur"]
-ALL_SIDES = ["raw.js", *VARIANTS, "plexus.dur"]
+#: Plexus with 16 (a control), 4 or 1 partitions per durable type (pulls ≤ 8, 32, 64), each on its own server.
+PLEXUS_PARTITIONED = {"plexus.p16": 16, "plexus.p4": 4, "plexus.p1": 1}
+ALL_SIDES = ["raw.js", *VARIANTS, "plexus.dur", *PLEXUS_PARTITIONED]
 
 
 # -- the floor's serving side ----------------------------------------------------------------------------
@@ -315,10 +318,18 @@ async def drive(rounds: int, sides: list[str], count: int) -> None:
 
     py = sys.executable
     levels = tuple((inflight, count if inflight > 1 else n) for inflight, n in LEVELS)
-    with tempfile.TemporaryDirectory(prefix="durable-floor-") as tmp:
-        logs = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        logs = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="durable-floor-")))
         server = NatsServer(store_dir=logs / "nats")
         server.start()
+        stack.callback(server.stop)
+        # Plexus with fewer partitions needs an inbox stream of its own: one nats-server for each.
+        servers = dict.fromkeys(sides, server)
+        for name in sides:
+            if name in PLEXUS_PARTITIONED:
+                servers[name] = NatsServer(store_dir=logs / f"nats-{name}")
+                servers[name].start()
+                stack.callback(servers[name].stop)
         procs: list[subprocess.Popen[str]] = []
         try:
             serving = {
@@ -328,6 +339,19 @@ async def drive(rounds: int, sides: list[str], count: int) -> None:
                     for name in VARIANTS
                 },
                 "plexus.dur": ["-m", "bench.plexus_bench", "serve", "--app", "main", "--url", server.url],
+                **{
+                    name: [
+                        "-m",
+                        "bench.durable_floor",
+                        "serve",
+                        "--url",
+                        servers[name].url,
+                        "--partitions",
+                        str(p),
+                    ]
+                    for name, p in PLEXUS_PARTITIONED.items()
+                    if name in sides
+                },
             }
             pids = {}
             for name in sides:
@@ -335,49 +359,68 @@ async def drive(rounds: int, sides: list[str], count: int) -> None:
                 pids[name] = procs[-1].pid
             nc = await nats.connect(server.url, name="bench-floor-client")
             await raw.ensure_js(nc)
-            rt = await Runtime.connect(server.url)
-            if "plexus.dur" in sides:
-                await rt.get("echo", lazy=False, timeout=30)
-            blocks = [TextBlock(text=PAYLOAD)]
-            agents = [AgentId("echo", f"lane{n}") for n in range(MAX_LANES)]
-
-            async def plexus_call(lane: int, i: int) -> None:
-                await rt.send_message(blocks, agents[lane], timeout=30)
-
+            runtimes = {"plexus.dur": await Runtime.connect(server.url)}
+            for name, p in PLEXUS_PARTITIONED.items():
+                if name in sides:
+                    runtimes[name] = await Runtime.connect(servers[name].url, partitions=p)
             every: dict[str, Callable[[int, int], Awaitable[None]]] = {
                 "raw.js": _js_caller(nc, raw.JS_SUBJECT),
                 "floor": _js_caller(nc, SUBJECT),
                 **{name: _js_caller(nc, "", v) for name, v in VARIANTS.items() if name != "floor"},
-                "plexus.dur": plexus_call,
             }
+            for name, rt in runtimes.items():
+                if name in sides:
+                    await rt.get("echo", lazy=False, timeout=30)
+                every[name] = _plexus_caller(rt)
             calls = {name: every[name] for name in sides}
             for call in calls.values():  # warm-up: connections, activations, caches
                 await closed_loop(300, 100, call)
-            assert server.process is not None
-            me, nats_pid = os.getpid(), server.process.pid
+            me = os.getpid()
             rows: dict[tuple[str, int], list[Row]] = {}
             for _ in range(rounds):
                 for name, call in calls.items():
+                    nats_pid, port = servers[name].pid, servers[name].monitor_port
+                    assert nats_pid is not None
                     for inflight, n in levels:
                         before = [_cpu_s(p) for p in (nats_pid, pids[name], me)]
-                        traffic = _varz(server.monitor_port)
+                        traffic = _varz(port)
                         rate, _ = await closed_loop(n, inflight, call)
                         after = [_cpu_s(p) for p in (nats_pid, pids[name], me)]
-                        moved = [
-                            (b - a) / n for a, b in zip(traffic, _varz(server.monitor_port), strict=True)
-                        ]
+                        moved = [(b - a) / n for a, b in zip(traffic, _varz(port), strict=True)]
                         srv, own, client = ((b - a) / n * 1e6 for a, b in zip(before, after, strict=True))
                         row = (rate, srv, own, client, moved[0], moved[1], moved[2] / 1e3)
                         rows.setdefault((name, inflight), []).append(row)
-            await rt.close()
+            for rt in runtimes.values():
+                await rt.close()
             await nc.drain()
         finally:
             for proc in procs:
                 proc.terminate()
             for proc in procs:
                 proc.wait(10)
-            server.stop()
     _report(rows, rounds, sides)
+
+
+def _plexus_caller(rt: Runtime) -> Callable[[int, int], Awaitable[None]]:
+    blocks = [TextBlock(text=PAYLOAD)]
+    agents = [AgentId("echo", f"lane{n}") for n in range(MAX_LANES)]
+
+    async def call(lane: int, i: int) -> None:
+        await rt.send_message(blocks, agents[lane], timeout=30)
+
+    return call
+
+
+async def serve_plexus(url: str, partitions: int) -> None:
+    """What ``bench.plexus_bench serve --app main`` runs, on an inbox of `partitions` partitions per type."""
+    from bench.plexus_bench import build_app
+
+    app = build_app("main")
+    rt = await Runtime.connect(url, namespace=app.namespace, partitions=partitions)
+    worker = Worker(app, rt, WorkerConfig())
+    await worker.start()
+    ready()
+    await asyncio.Event().wait()
 
 
 def _report(rows: dict[tuple[str, int], list[Row]], rounds: int, sides: list[str]) -> None:
@@ -410,7 +453,7 @@ def _report(rows: dict[tuple[str, int], list[Row]], rounds: int, sides: list[str
         print("".join(f"{c:>{w}}" for c, w in zip((name, *spans, *traffic), widths, strict=True)))
     if "floor" in sides:
         base = med[("floor", inflight)]
-        for name in (n for n in sides if n.startswith("floor-")):
+        for name in (n for n in sides if n.startswith("floor-") or n in PLEXUS_PARTITIONED):
             m = med[(name, inflight)]
             deltas = ", ".join(
                 f"{label} {m[i] - base[i]:+.0f}"
@@ -429,6 +472,9 @@ def main() -> None:
     parser.add_argument(
         "--variant", choices=list(VARIANTS), default="floor", help="which floor to serve (serve)"
     )
+    parser.add_argument(
+        "--partitions", type=int, help="serve Plexus's bench app with these partitions (serve)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument(
         "--sides",
@@ -442,7 +488,10 @@ def main() -> None:
     if args.role == "serve":
         if not args.url:
             parser.error("serve needs --url")
-        asyncio.run(serve(args.url, VARIANTS[args.variant]))
+        if args.partitions:
+            asyncio.run(serve_plexus(args.url, args.partitions))
+        else:
+            asyncio.run(serve(args.url, VARIANTS[args.variant]))
     else:
         sides = ALL_SIDES if args.sides == "all" else args.sides.split(",")
         if unknown := [s for s in sides if s not in ALL_SIDES]:
