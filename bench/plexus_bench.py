@@ -52,9 +52,11 @@ from plexus.core import (
     stream_event_from_json,
 )
 from plexus.runtime import Agent, App, Context, Runtime, Worker, WorkerConfig, new_root_run
-from plexus.runtime.kernel import TypeSubscription
+from plexus.runtime.kernel import TypeSubscription, allocator_in_use, use_allocator
 
 FAN_TOPIC = "bench-fan"
+#: Seconds the keys worker idles after passivating all before its RSS is read again.
+SETTLE_S = 5.0
 FAN_SINKS = 10
 CTL = "bench.ctl"
 
@@ -218,6 +220,7 @@ async def serve(url: str, app_name: str) -> None:
             "objects": len(gc.get_objects()),
             "pid": os.getpid(),
             "gc_s": gc_s,
+            "allocator": allocator_in_use(),
         }
         await msg.respond(json.dumps(stats).encode())
 
@@ -391,12 +394,16 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
     blocks = [TextBlock(text=PAYLOAD)]
     lanes = 100
 
-    async def stats(command: bytes = b"stats") -> dict[str, float]:
+    async def stats(command: bytes = b"stats") -> dict[str, Any]:
         reply = await rt.nc.request(f"{CTL}.keys", command, timeout=60)
-        data: dict[str, float] = json.loads(reply.data)
+        data: dict[str, Any] = json.loads(reply.data)
         return data
 
-    few = [AgentId("keyed", f"few{k}") for k in range(10)]
+    allocator = (await stats())["allocator"]
+    # A worker on jemalloc (`plexus worker --allocator jemalloc`, as the image runs it) reports apart, on keys
+    # of its own: the phases share a server, and an earlier phase's keys would be re-activations.
+    on, tag = (".jemalloc", "je") if allocator == "jemalloc" else ("", "")
+    few = [AgentId("keyed", f"few{tag}{k}") for k in range(10)]
 
     async def call_few(lane: int, i: int) -> None:
         await rt.send_message(blocks, few[i % 10], timeout=60)
@@ -409,23 +416,28 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
         before = await stats()
 
         async def call_many(lane: int, i: int, rep: int = rep) -> None:
-            await rt.send_message(blocks, AgentId("keyed", f"r{rep}-{i}"), timeout=60)
+            await rt.send_message(blocks, AgentId("keyed", f"r{tag}{rep}-{i}"), timeout=60)
 
         many, _ = await closed_loop(sizes.keys_many, lanes, call_many)
         after = await stats()
-        results.add("plexus.keys.10", "msg/s", small)
-        results.add("plexus.keys.many", "msg/s", many)
-        results.add("plexus.keys.ratio", "×", many / small)
+        results.add(f"plexus.keys{on}.10", "msg/s", small)
+        results.add(f"plexus.keys{on}.many", "msg/s", many)
+        results.add(f"plexus.keys{on}.ratio", "×", many / small)
         grown = after["activations"] - before["activations"]
-        results.add("plexus.mem.per_activation", "B", (after["rss"] - before["rss"]) / max(grown, 1))
+        results.add(f"plexus.mem{on}.per_activation", "B", (after["rss"] - before["rss"]) / max(grown, 1))
         # The worker's collector time per distinct-key message (full collections grow with live activations).
         collector_us.append(round(1e6 * (after["gc_s"] - before["gc_s"]) / sizes.keys_many, 2))
     peak = await stats()
     dropped = await stats(b"passivate")
-    results.add("plexus.mem.peak", "MB", peak["rss"] / 1e6)
-    results.add("plexus.mem.after_passivation", "MB", dropped["rss"] / 1e6)
-    results.add("plexus.mem.after_passivation_ratio", "×", dropped["rss"] / baseline["rss"])
-    results.info["keys"] = {
+    # The worker then idles: its recent replies' window and deadline ticks lapse, jemalloc's decay runs.
+    await asyncio.sleep(SETTLE_S)
+    settled = await stats()
+    results.add(f"plexus.mem{on}.peak", "MB", peak["rss"] / 1e6)
+    results.add(f"plexus.mem{on}.after_passivation", "MB", dropped["rss"] / 1e6)
+    results.add(f"plexus.mem{on}.after_passivation_ratio", "×", dropped["rss"] / baseline["rss"])
+    results.add(f"plexus.mem{on}.idle_after_passivation", "MB", settled["rss"] / 1e6)
+    results.add(f"plexus.mem{on}.idle_after_passivation_ratio", "×", settled["rss"] / baseline["rss"])
+    results.info[f"keys{on}"] = {
         "distinct_keys_per_repeat": sizes.keys_many,
         "activations_at_peak": peak["activations"],
         "activations_after_passivation": dropped["activations"],
@@ -440,6 +452,8 @@ async def keys(rt: Runtime, sizes: Sizes, results: Results) -> None:
 def main() -> None:
     args = client_args(__doc__ or "")
     if args.role == "serve":
+        # As `plexus worker` does with PLEXUS_ALLOCATOR (re-executes this command line on jemalloc).
+        use_allocator(os.environ.get("PLEXUS_ALLOCATOR", "default"))
         run(lambda: serve(args.url, args.app), args.loop)
         return
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ctypes.util
 import datetime
 import json
 import os
@@ -199,6 +200,20 @@ def ensure_uvloop(uv: str | None) -> str:
     return str(target)
 
 
+def ensure_jemalloc() -> str:
+    """ "" when the loader knows jemalloc (installing Debian's libjemalloc2 if it can), else why not."""
+    if ctypes.util.find_library("jemalloc"):
+        return ""
+    if os.geteuid() != 0 or shutil.which("apt-get") is None:
+        return "jemalloc is not installed (apt-get install libjemalloc2)"
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    for cmd in (["apt-get", "update"], ["apt-get", "install", "-y", "libjemalloc2"]):
+        done = subprocess.run(cmd, capture_output=True, text=True, env=env, check=False, timeout=1200)
+        if done.returncode != 0:
+            return f"{' '.join(cmd)} failed: {_last_line(done.stderr)}"
+    return "" if ctypes.util.find_library("jemalloc") else "libjemalloc2 installed but not found"
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1][:200] if lines else "no output"
@@ -297,9 +312,16 @@ def main() -> int:
             metrics.update(result["metrics"])
             client_info["raw"] = result["info"]
         if "plexus" in systems:
-            for app in ("main", "keys"):
-                print(f"bench: Plexus ({app}) …", flush=True)
-                with phase(logs, env) as procs:
+            # The keys app twice: its worker on CPython's allocator, then on jemalloc (as the image runs it).
+            jemalloc_missing = ensure_jemalloc()
+            if jemalloc_missing:
+                print(f"bench: skipping the keys worker on jemalloc: {jemalloc_missing}", flush=True)
+            for app, allocator in (("main", "default"), ("keys", "default"), ("keys", "jemalloc")):
+                if allocator == "jemalloc" and jemalloc_missing:
+                    continue
+                label = app if allocator == "default" else f"{app}-{allocator}"
+                print(f"bench: Plexus ({label}) …", flush=True)
+                with phase(logs, {**env, "PLEXUS_ALLOCATOR": allocator}) as procs:
                     cmd = [py, "-m", "bench.plexus_bench"]
                     if app == "main":
                         # The real service, as `plexus orchestrator` runs it; it announces itself once its
@@ -310,15 +332,15 @@ def main() -> int:
                             ready="plexus orchestrator ",
                         )
                     procs.serve(
-                        f"plexus-{app}-worker", [*cmd, "serve", "--app", app, "--url", server.url, *common]
+                        f"plexus-{label}-worker", [*cmd, "serve", "--app", app, "--url", server.url, *common]
                     )
                     result = procs.client(
-                        f"plexus-{app}-client",
+                        f"plexus-{label}-client",
                         [*cmd, "client", "--app", app, "--url", server.url, *common],
                         client_timeout,
                     )
                 metrics.update(result["metrics"])
-                client_info[f"plexus-{app}"] = result["info"]
+                client_info[f"plexus-{label}"] = result["info"]
             print("bench: Plexus LLM loop (plexus.llm against a fake OpenAI provider) …", flush=True)
             with phase(logs, env) as procs:
                 llm_cmd = [

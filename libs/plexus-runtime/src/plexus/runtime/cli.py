@@ -23,6 +23,7 @@ from plexus.core import PermissionDeniedError
 from ._app import App
 from ._dev import run_dev
 from .client._client import Runtime
+from .ops._allocator import ALLOCATORS, AllocatorError, allocator_in_use, use_allocator
 from .ops._auth import NatsAuthError
 from .ops._health import HealthServer
 from .ops._logging import LOG_FORMATS, LOG_LEVELS, LogSettings, configure_logging
@@ -109,6 +110,7 @@ _WORKER_SETTINGS = (
     "heartbeat_ttl",
     "worker_id",
     "health_port",
+    "allocator",
 )
 
 
@@ -169,6 +171,13 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--worker-id", default=None)
     worker.add_argument(
         "--health-port", type=_port, default=None, help="serve /healthz and /readyz on this port (0: any)"
+    )
+    worker.add_argument(
+        "--allocator",
+        choices=ALLOCATORS,
+        default=None,
+        help="jemalloc: restart on jemalloc, which gives memory back after a burst of activations is "
+        "passivated (CPython's allocator keeps most of it); default: as started",
     )
 
     topology = sub.add_parser(
@@ -287,7 +296,8 @@ async def _serve_worker(app: App, args: argparse.Namespace) -> None:
         await health.start()
     print(
         f"plexus worker {worker.worker_id} serving {', '.join(app.types)} on {', '.join(_servers(args))}"
-        + (f"; health on port {health.port}" if health else ""),
+        + (f"; health on port {health.port}" if health else "")
+        + ("; allocator jemalloc" if allocator_in_use() == "jemalloc" else ""),
         flush=True,
     )
     try:
@@ -393,6 +403,17 @@ async def _dev(args: argparse.Namespace) -> int:
     )
 
 
+def _choose_allocator(name: str, library: str | None, *, own_command_line: bool) -> None:
+    if name != "jemalloc" or allocator_in_use() == "jemalloc":
+        return
+    if not own_command_line:
+        # main() called with an argv from a program: re-executing would replace that program.
+        raise CliError(
+            "--allocator jemalloc restarts the process, so it is only for the `plexus` command itself"
+        )
+    use_allocator("jemalloc", library=library)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
@@ -404,10 +425,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     configure_logging(args.log_level or logs.log_level, args.log_format or logs.log_format, args.verbose)
     try:
         if args.command == "worker":
+            settings = load_settings(WorkerSettings)
+            _apply_settings(args, settings)
+            # First: a re-exec onto jemalloc repeats everything before it (the app's import included).
+            _choose_allocator(args.allocator, settings.allocator_library, own_command_line=argv is None)
             app = load_object(args.app)
             if not isinstance(app, App):
                 raise CliError(f"{args.app} is a {type(app).__name__}, not a plexus.runtime.App")
-            _apply_settings(args, load_settings(WorkerSettings))
             asyncio.run(_serve(app, args))
         elif args.command == "dev":
             return asyncio.run(_dev(args))
@@ -428,7 +452,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PermissionDeniedError as exc:
         print(f"plexus: error: PermissionDeniedError: {exc}", file=sys.stderr)
         return 1
-    except (CliError, NatsAuthError, SettingsError) as exc:
+    except (AllocatorError, CliError, NatsAuthError, SettingsError) as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

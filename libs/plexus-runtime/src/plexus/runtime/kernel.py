@@ -12,6 +12,7 @@ contract enforces it).
 
 from .cli import CliError, load_object
 from .client._fork import ForkSource, ForkStart
+from .ops._allocator import AllocatorError, allocator_in_use, use_allocator
 from .ops._auth import NatsAuth, NatsAuthError
 from .ops._denials import DenialWatch, raise_on_denial
 from .ops._health import HealthServer
@@ -40,6 +41,7 @@ from .wire._subjects import Subjects, checkpoint_key, escape_token, unescape_tok
 __all__ = [
     "INSTRUMENTS",
     "AgentTypeInfo",
+    "AllocatorError",
     "CliError",
     "DenialWatch",
     "Envelope",
@@ -65,6 +67,7 @@ __all__ = [
     "TypePrefixSubscription",
     "TypeSubscription",
     "WireError",
+    "allocator_in_use",
     "blocks_from_payload",
     "checkpoint_key",
     "configure_telemetry",
@@ -86,4 +89,5 @@ __all__ = [
     "replay_file",
     "trace_headers",
     "unescape_token",
+    "use_allocator",
 ]

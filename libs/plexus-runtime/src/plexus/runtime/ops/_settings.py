@@ -7,7 +7,7 @@ settings class as the "environment" section of a command's ``--help``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
@@ -67,6 +67,13 @@ class WorkerSettings(NatsSettings):
         default=10.0, description="seconds without heartbeats before a worker is dead"
     )
     worker_id: str | None = Field(default=None, description="this worker's id (default: generated)")
+    allocator: Literal["default", "jemalloc"] = Field(
+        default="default",
+        description="memory allocator: jemalloc gives memory back after a burst of activations (Linux)",
+    )
+    allocator_library: str | None = Field(
+        default=None, description="path of the jemalloc library (default: found by the loader)"
+    )
 
 
 _S = TypeVar("_S", bound=BaseSettings)
