@@ -106,4 +106,5 @@ class Connection:
             subject=self.subjects_for(agent_id.namespace).evlog(agent_id.type, agent_id.key),
             publish=self.acks.publish_acked,
             get_last_msg=self.gets.get_last_msg,
+            get_next_msg=self.gets.get_next_msg,
         )

@@ -39,6 +39,7 @@ __all__ = [
     "EventLog",
     "EventLogEntry",
     "GetLastMsg",
+    "GetNextMsg",
     "LogRecord",
     "LogTail",
     "Publish",
@@ -61,6 +62,8 @@ _APPEND_IDS = itertools.count()
 # 10071: "wrong last sequence: N"; 10164: the same check failing without a number (batch/in-flight cases).
 _WRONG_LAST_SEQ_CODES = (10071, 10164)
 _NO_MESSAGE_FOUND = 10037
+#: Batches a `read` fetches by single requests before it reads the rest through an ordered consumer.
+_GETS_PER_READ = 32
 _WRONG_LAST_SEQ_RE = re.compile(r"wrong last sequence:\s*(\d+)")
 _RAW_ARRAY = msgspec.json.Decoder(list[msgspec.Raw])
 
@@ -95,6 +98,13 @@ class GetLastMsg(Protocol):
     def __call__(self, stream: str, subject: str) -> Awaitable[RawStreamMsg]: ...
 
 
+class GetNextMsg(Protocol):
+    """How a read steps through the log: ``js.get_msg(stream, seq=seq, subject=subject, next=True)``'s
+    contract (the first message on the subject at or after ``seq``, or its errors)."""
+
+    def __call__(self, stream: str, subject: str, seq: int) -> Awaitable[RawStreamMsg]: ...
+
+
 class EventLog(Generic[T]):
     """The EventLog of one agent: ``subject`` in ``stream``, entries converted by ``encode``/``decode``.
 
@@ -102,7 +112,8 @@ class EventLog(Generic[T]):
     codec is `entry_to_json` / `entry_from_json`. ``timeout`` bounds every server round trip and, in
     `read`, the wait for the next stored message. ``publish`` sends an append (default: ``js.publish``;
     the runtime passes its connection's one multiplexed publisher), with ``js.publish``'s errors;
-    ``get_last_msg`` reads the last batch (default: ``js.get_last_msg``; the runtime passes its connection's).
+    ``get_last_msg`` reads the last batch and ``get_next_msg`` the next one of a short `read` (defaults:
+    ``js.get_last_msg``, ``js.get_msg``; the runtime passes its connection's).
     """
 
     @overload
@@ -117,6 +128,7 @@ class EventLog(Generic[T]):
         timeout: float = ...,
         publish: Publish | None = ...,
         get_last_msg: GetLastMsg | None = ...,
+        get_next_msg: GetNextMsg | None = ...,
     ) -> None: ...
 
     @overload
@@ -131,6 +143,7 @@ class EventLog(Generic[T]):
         timeout: float = ...,
         publish: Publish | None = ...,
         get_last_msg: GetLastMsg | None = ...,
+        get_next_msg: GetNextMsg | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -144,6 +157,7 @@ class EventLog(Generic[T]):
         timeout: float = 5.0,
         publish: Publish | None = None,
         get_last_msg: GetLastMsg | None = None,
+        get_next_msg: GetNextMsg | None = None,
     ) -> None:
         if not subject or any(c in subject for c in " \t\r\n*>"):
             raise ValueError(f"EventLog subject must be a literal subject without wildcards, got {subject!r}")
@@ -160,6 +174,7 @@ class EventLog(Generic[T]):
         self._timeout = timeout
         self._publish = publish
         self._get_last_msg: GetLastMsg = get_last_msg or self._js_get_last_msg
+        self._get_next_msg: GetNextMsg = get_next_msg or self._js_get_next_msg
 
     # -- writing -------------------------------------------------------------------------------------
     async def append(
@@ -286,6 +301,27 @@ class EventLog(Generic[T]):
         if stop < start:
             return []
         records: list[LogRecord[T]] = []
+        # A few batches (an activation's replay since its checkpoint: 16 or fewer) are read one request each:
+        # an ordered consumer per read is server state that outlives the read by its inactivity threshold,
+        # and a burst of activations of known keys ran the events stream out of consumers.
+        for _ in range(_GETS_PER_READ):
+            try:
+                msg = await self._get_next_msg(self.stream, self.subject, start)
+            except NotFoundError as exc:
+                if exc.err_code == _NO_MESSAGE_FOUND:
+                    return records  # nothing at or after `start` (deleted meanwhile)
+                raise
+            seq = int(msg.seq or 0)
+            if seq > stop:
+                return records
+            records.extend(self._records(seq, msg.data or b""))
+            if seq >= stop:
+                return records
+            start = seq + 1
+        return records + await self._read_by_consumer(start, stop)
+
+    async def _read_by_consumer(self, start: int, stop: int) -> list[LogRecord[T]]:
+        records: list[LogRecord[T]] = []
         sub = await self._subscribe(start)
         try:
             while True:
@@ -354,6 +390,9 @@ class EventLog(Generic[T]):
     # -- internals -----------------------------------------------------------------------------------
     async def _js_get_last_msg(self, stream: str, subject: str) -> RawStreamMsg:
         return await self._js.get_last_msg(stream, subject)
+
+    async def _js_get_next_msg(self, stream: str, subject: str, seq: int) -> RawStreamMsg:
+        return await self._js.get_msg(stream, seq=seq, subject=subject, next=True)
 
     async def _subscribe(self, start: int) -> JetStreamContext.PushSubscription:
         config = ConsumerConfig(opt_start_seq=start)

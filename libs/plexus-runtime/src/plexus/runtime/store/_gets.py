@@ -1,4 +1,5 @@
-"""A subject's last stored message, read from the stream's leader over the connection's multiplexed inbox.
+"""A subject's last (or next) stored message, read from the stream's leader over the connection's multiplexed
+inbox.
 
 ``js.get_last_msg`` (and a KV get, which is one) is a core request through nats-py: an OS random token, a
 second id, a wrapper task and a timer per call, and a stream-name check — the larger part of the reads a new
@@ -49,11 +50,19 @@ class StreamGets(MultiplexedInbox[Msg]):
         """The last message stored on `subject` in `stream`: `js.get_last_msg`'s answer and errors
         (`NotFoundError` with err_code 10037 when there is none, `ServiceUnavailableError` when no JetStream
         answers, `nats.errors.TimeoutError`)."""
+        return await self._get(stream, {"last_by_subj": subject})
+
+    async def get_next_msg(self, stream: str, subject: str, seq: int) -> js_api.RawStreamMsg:
+        """The first message stored on `subject` in `stream` at or after sequence `seq`: ``js.get_msg(...,
+        next=True)``'s answer, with `get_last_msg`'s errors."""
+        return await self._get(stream, {"seq": seq, "next_by_subj": subject})
+
+    async def _get(self, stream: str, request: dict[str, object]) -> js_api.RawStreamMsg:
         if not stream or any(c in stream for c in ". \t\r\n*>"):
             raise ValueError(f"invalid stream name {stream!r}")
         future = await self.request(
             f"{self._api}.STREAM.MSG.GET.{stream}",
-            _encode({"last_by_subj": subject}),
+            _encode(request),
             repeat=True,  # a read: asked again while a leader election swallows it
         )
         try:
