@@ -18,10 +18,12 @@ with one property of Plexus's durable send added: ``floor-bytes`` (Plexus's enve
 sizes), ``floor-parts`` (16 partitions by subject transform, a filtered pull consumer each plus 16 idle
 ones, pulls of ≤ 8 over 256 shared slots), ``floor-ckpt`` (a checkpoint KV write every 16th message of a
 key) and ``floor-all``; ``floor-parts4``, ``floor-parts1`` and ``floor-all4`` with 4 or 1 partitions per
-type (pulls of ≤ 32 or ≤ 64); and Plexus itself with 4 or 1 partitions (``plexus.p4``, ``plexus.p1``, each
-on a nats-server of its own). E.g. ``run --rounds 5 --sides all --count 10000``. With other sides than the
-three it also prints the spread over the rounds at 100 in flight, nats-server's messages and kilobytes in per
-message (``/varz``), and each variant's difference from the floor.
+type (pulls of ≤ 32 or ≤ 64); ``floor-parts-1type`` and ``floor-parts1-b8`` that separate the number of
+consumers from the pull size; ``floor-all-busy`` (``floor-all`` burning 90 µs of CPU per message, what
+Plexus's worker spends beyond it); and Plexus itself with 16, 4 or 1 partitions (``plexus.p16``,
+``plexus.p4``, ``plexus.p1``, each on a nats-server of its own). E.g. ``run --rounds 5 --sides all --count
+10000``. With other sides than the three it also prints the spread over the rounds at 100 in flight,
+nats-server's messages and kilobytes in per message (``/varz``), and each variant's difference from the floor.
 """
 
 from __future__ import annotations
@@ -148,6 +150,8 @@ async def serve(url: str, variant: Variant = VARIANTS["floor"]) -> None:
             if variant.ckpt:
                 memory = handled.get(key) or handled.setdefault(key, fv.Handled())
                 checkpoint = memory.add(msg_id)
+            if variant.busy_us:
+                fv.busy(variant.busy_us)
             expected = last_seq.get(key, 0)
             if variant.bytes:
                 answer = fv.reply(msg_id)
@@ -221,7 +225,7 @@ async def _serve_partitions(
     (a worker's other durable type), each pulled by its own loop, all sharing the handler slots."""
     root = subject.rsplit(".", 1)[0]
     pullers = []
-    for agent_type in ("echo", "idle"):
+    for agent_type in ("echo", "idle")[: variant.types]:
         for p in range(variant.partitions):
             durable = f"{consumer}_{agent_type}_{p}"
             await js.add_consumer(
@@ -427,11 +431,14 @@ def _report(rows: dict[tuple[str, int], list[Row]], rounds: int, sides: list[str
     med = {k: [statistics.median(col) for col in zip(*v, strict=True)] for k, v in rows.items()}
     print(f"medians of {rounds} alternated rounds; CPU in µs per message")
     header = ("system", "in flight", "msg/s", "nats-server", "serving", "client", "total")
-    print("".join(f"{h:>{w}}" for h, w in zip(header, WIDTHS, strict=True)))
+    # The name column as before unless a side's name is longer.
+    first = max(WIDTHS[0], *(len(name) + 2 for name in sides))
+    name_widths = (first, *WIDTHS[1:])
+    print("".join(f"{h:>{w}}" for h, w in zip(header, name_widths, strict=True)))
     for (name, inflight), (rate, srv, serving, client, *_) in med.items():
         total = srv + serving + client
         cells = (name, inflight, f"{rate:,.0f}", *(f"{v:.0f}" for v in (srv, serving, client, total)))
-        print("".join(f"{c:>{w}}" for c, w in zip(cells, WIDTHS, strict=True)))
+        print("".join(f"{c:>{w}}" for c, w in zip(cells, name_widths, strict=True)))
     if all(n in sides for n in ("plexus.dur", "raw.js", "floor")):
         for inflight, _ in LEVELS:
             plexus, raw_js, floor = (med[(n, inflight)][0] for n in ("plexus.dur", "raw.js", "floor"))
@@ -444,7 +451,7 @@ def _report(rows: dict[tuple[str, int], list[Row]], rounds: int, sides: list[str
     inflight = LEVELS[-1][0]
     print(f"\n{inflight} in flight, min–max over the rounds; nats-server traffic per message (/varz)")
     spread = ("system", "msg/s", "nats-server", "serving", "client", "msgs in", "out", "KB in")
-    widths = (12, 16, 13, 11, 9, 9, 6, 7)
+    widths = (first, 16, 13, 11, 9, 9, 6, 7)
     print("".join(f"{h:>{w}}" for h, w in zip(spread, widths, strict=True)))
     for name in sides:
         cols = list(zip(*rows[(name, inflight)], strict=True))

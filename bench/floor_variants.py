@@ -54,6 +54,12 @@ class Variant:
     #: Partitions of the inbox per agent type (0: one unfiltered consumer, fetched as raw.js does).
     partitions: int = 0
     ckpt: bool = False
+    #: Durable agent types with a consumer per partition (the second one idle, as the bench worker's).
+    types: int = 2
+    #: The largest pull (0: as a worker computes it from its slots).
+    batch: int = 0
+    #: CPU time the serving side burns per message, standing for a framework's own work.
+    busy_us: int = 0
 
     @property
     def parts(self) -> bool:
@@ -61,8 +67,8 @@ class Variant:
 
     @property
     def max_batch(self) -> int:
-        """The largest pull, as a worker computes it: every partition of its 2 types keeps a request open."""
-        return max(1, min(64, SLOTS // (2 * self.partitions)))
+        """The largest pull; a worker's: every partition of every type keeps a request open."""
+        return self.batch or max(1, min(64, SLOTS // (self.types * self.partitions)))
 
     @property
     def tag(self) -> str:
@@ -82,8 +88,22 @@ VARIANTS = {
         Variant("floor-parts4", partitions=4),
         Variant("floor-parts1", partitions=1),
         Variant("floor-all4", bytes=True, partitions=4, ckpt=True),
+        # Apart: the number of consumers (16 partitions of one type, pulls ≤ 16) and the pull size alone
+        # (1 partition per type, pulls ≤ 8).
+        Variant("floor-parts-1type", partitions=PARTITIONS, types=1),
+        Variant("floor-parts1-b8", partitions=1, batch=MAX_BATCH),
+        # Whether the serving side's own CPU (contention for 2 cores) raises nats-server's per message:
+        # floor-all burning what Plexus's worker spends beyond it.
+        Variant("floor-all-busy", bytes=True, partitions=PARTITIONS, ckpt=True, busy_us=90),
     )
 }
+
+
+def busy(us: int) -> None:
+    """Burn `us` microseconds of CPU (the thread's own time, so waiting for the core does not count)."""
+    end = time.thread_time_ns() + us * 1000
+    while time.thread_time_ns() < end:
+        pass
 
 
 def ulid() -> str:
