@@ -52,6 +52,10 @@ if TYPE_CHECKING:
 
 __all__ = ["CheckpointTaken", "Committer", "MessageCommitted", "marker_json"]
 
+#: How far before a message's inbox store time its commit is looked for: the inbox and the EventLog may be
+#: led by different servers' clocks.
+CLOCK_SLACK = datetime.timedelta(seconds=1)
+
 log = logging.getLogger("plexus.worker")
 
 
@@ -223,8 +227,7 @@ class Committer:
         committed. For redeliveries the checkpoint no longer remembers: a commit whose ack was lost (a
         node died) is redelivered after ack_wait, when newer messages of the key may have pushed its id
         out of `HANDLED_MEMORY`; running it again would apply it twice and out of order."""
-        # A second of slack: the inbox and the EventLog may be led by different servers' clocks.
-        since = published - datetime.timedelta(seconds=1)
+        since = published - CLOCK_SLACK
         try:
             records = await self.connection.event_log(agent_id).read_since(since)
         except ValueError as exc:
