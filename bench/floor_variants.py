@@ -1,18 +1,22 @@
 """The durable floor's variants: the floor with one property of Plexus's durable send added each.
 
-`bench/durable_floor.py` runs them. ``bytes``: Plexus's sizes on the wire — the inbox message is a send
+`bench/durable_floor.py` runs them. ``bytes``: Plexus's sizes on the wire. The inbox message is a send
 envelope as `Runtime.send_message` publishes it (≈ 470 bytes of JSON, ``Nats-Msg-Id`` and ``Plexus-V``
-headers, the reply subject inside the body), the append is the three entries a durable echo commits (received,
-reply, and the ``plexus.committed`` marker holding the encoded reply: ≈ 825 bytes, its three headers ≈ 110
-bytes) and the reply is the reply envelope (≈ 190 bytes). ``parts``: Plexus's topology — the inbox stream
-partitions keys by a subject transform into 16 partitions, each read by a filtered pull consumer, plus 16
-idle consumers standing for the worker's second durable type; 32 pullers share 256 handler slots and ask for
-at most 8 messages each, as a worker with 2 durable types does. ``ckpt``: a KV write (compare-and-swap on the
-revision) every 16th message of a key, the size of a busy key's checkpoint (64 handled ids, the newest 16
-with their encoded replies: ≈ 7.8 KB). The texts are built from templates of what Plexus sends (captured
-from a worker of `bench.plexus_bench`), with fresh ids and timestamps, so compression or caching sees what
-it would see; the serving side finds what it needs by position rather than decoding the JSON, so the
-variant adds bytes, not parsing.
+headers, the reply subject inside the body); the append is the three entries a durable echo commits
+(received, reply, and the ``plexus.committed`` marker holding the encoded reply: ≈ 825 bytes, with Plexus's
+three headers, ≈ 140 bytes here for a longer stream name), without the marker (≈ 405 bytes) when the
+message writes the checkpoint; the reply is the reply envelope (≈ 245 bytes). ``parts``: Plexus's topology.
+The inbox stream partitions keys by a subject transform into 16 partitions, each read by a filtered pull
+consumer, plus 16 idle consumers standing for the worker's second durable type; 32 pullers share 256
+handler slots and ask for at most 8 messages each, as a worker with 2 durable types does (other variants:
+fewer partitions, one type, a fixed pull size). ``ckpt``: a KV write (compare-and-swap on the revision)
+every 16th message of a key, the size of a busy key's checkpoint (64 handled ids, the newest 16 with their
+encoded replies: ≈ 7.8 KB). ``busy_us`` burns CPU in the serving process per message, to see what the
+serving side's own work costs nats-server on a shared machine.
+
+The texts are built from templates of what Plexus sends (captured from a worker of `bench.plexus_bench`),
+with fresh ids and timestamps; the serving side finds what it needs by position rather than decoding the
+JSON, so a variant adds bytes, not parsing.
 """
 
 from __future__ import annotations
