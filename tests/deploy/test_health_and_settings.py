@@ -15,7 +15,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +22,7 @@ import pytest
 from plexus.runtime import NatsServer
 from plexus.runtime.kernel import HealthServer, NatsSettings, load_settings
 from plexus.runtime.ops._settings import WorkerSettings
+from tests.processes import plexus_process
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.runtime.apps_misc:app"
@@ -100,24 +100,6 @@ async def test_a_failing_readiness_check_is_not_ready() -> None:
 
 
 # -- real processes ------------------------------------------------------------------------------------
-@contextlib.contextmanager
-def _process(argv: list[str], log: Path, env: dict[str, str]) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "plexus.runtime.cli", *argv],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO), **env},
-            cwd=REPO,
-        )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
-
-
 def _health_port(log: Path, timeout_s: float = 30.0) -> int:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -143,7 +125,7 @@ def _until(url: str, status: int, timeout_s: float = 20.0) -> dict[str, object]:
 def test_worker_probes_follow_its_nats_connection(nats_server: NatsServer, tmp_path: Path) -> None:
     log = tmp_path / "worker.log"
     env = {"PLEXUS_NATS": nats_server.url, "PLEXUS_HEALTH_PORT": "0"}  # settings from the environment
-    with _process(["worker", APP, "--lease-ttl", "3"], log, env) as proc:
+    with plexus_process(["worker", APP, "--lease-ttl", "3"], log, {**os.environ, **env}) as proc:
         base = f"http://127.0.0.1:{_health_port(log)}"
         assert _until(f"{base}/readyz", 200) == {"ready": True, "nats": True, "serving": True}
         nats_server.port = nats_server.client_port or -1  # come back where the worker reconnects to
@@ -160,7 +142,9 @@ def test_worker_probes_follow_its_nats_connection(nats_server: NatsServer, tmp_p
 
 def test_orchestrator_serves_probes(nats_server: NatsServer, tmp_path: Path) -> None:
     log = tmp_path / "orchestrator.log"
-    with _process(["orchestrator", "--nats", nats_server.url, "--health-port", "0"], log, {}) as proc:
+    with plexus_process(
+        ["orchestrator", "--nats", nats_server.url, "--health-port", "0"], log, dict(os.environ)
+    ) as proc:
         base = f"http://127.0.0.1:{_health_port(log)}"
         assert _until(f"{base}/readyz", 200) == {"ready": True, "nats": True, "serving": True}
         probe = _plexus("probe", f"{base}/readyz")

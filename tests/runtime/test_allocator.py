@@ -13,7 +13,6 @@ import subprocess
 import sys
 import sysconfig
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from plexus.runtime import NatsServer
 from plexus.runtime.cli import main
 from plexus.runtime.kernel import AllocatorError, allocator_in_use, use_allocator
 from tests.debian import ensure_debian_package
+from tests.processes import plexus_process
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="preloading is Linux's")
 
@@ -52,22 +52,10 @@ def _plexus(*argv: str, **env: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-@contextlib.contextmanager
-def _worker(argv: list[str], log: Path, **env: str) -> Iterator[subprocess.Popen[bytes]]:
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "plexus.runtime.cli", "worker", APP, *argv],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=_env(**env),
-            cwd=REPO,
-        )
-    try:
-        yield proc
-    finally:
-        if proc.poll() is None:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=10)
+def _worker(
+    argv: list[str], log: Path, **env: str
+) -> contextlib.AbstractContextManager[subprocess.Popen[bytes]]:
+    return plexus_process(["worker", APP, *argv], log, _env(**env))
 
 
 def _serving_line(log: Path, proc: subprocess.Popen[bytes], timeout_s: float = 30.0) -> str:
