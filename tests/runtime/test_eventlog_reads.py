@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import datetime
 
 from plexus.core import AgentId, BaseBlock, TextBlock
 from plexus.runtime import Agent, App, Context, Runtime
@@ -99,3 +100,49 @@ async def test_a_short_and_a_long_read_return_every_batch_in_order(runtime: Runt
         assert [r.seq for r in part] == [seqs[70]] * 2 + [seqs[71]] * 2 + [seqs[72]] * 2
         assert await reader.read(from_seq=seqs[-1] + 1) == []
     assert [r.entry for r in await plain.read(from_seq=seqs[3], to_seq=seqs[4])] == [6, 7, 8, 9]
+
+
+async def test_reading_since_a_time_makes_no_consumer_and_matches_the_consumer_read(runtime: Runtime) -> None:
+    """What a takeover asks of every message it inherits: the batches stored since the message was."""
+    names = runtime.topology.names
+    subject = runtime.subjects.evlog("reads", "since")
+    gets = runtime.connection.gets
+
+    def encode(n: int) -> bytes:
+        return str(n).encode()
+
+    stream = names.events_stream
+    by_consumer = EventLog(runtime.js, subject, stream=stream, encode=encode, decode=int)
+    by_gets = EventLog(
+        runtime.js,
+        subject,
+        stream=stream,
+        encode=encode,
+        decode=int,
+        get_last_msg=gets.get_last_msg,
+        get_next_msg=gets.get_next_msg,
+        get_first_since=gets.get_first_since,
+    )
+    seqs = [await by_gets.append([0], expected_seq=0)]
+    await asyncio.sleep(0.3)
+    middle = datetime.datetime.now(datetime.UTC)
+    await asyncio.sleep(0.3)
+    for n in range(1, 35):
+        seqs.append(await by_gets.append([n], expected_seq=seqs[-1]))
+    await asyncio.sleep(0.3)
+    late = datetime.datetime.now(datetime.UTC)
+    await asyncio.sleep(0.3)
+    for n in range(35, 40):
+        seqs.append(await by_gets.append([n], expected_seq=seqs[-1]))
+
+    # A short read since a time (the usual case: a message stored shortly before): single requests only.
+    since_late = await by_gets.read_since(late)
+    assert [(r.seq, r.entry) for r in since_late] == list(zip(seqs[35:], range(35, 40), strict=True))
+    assert await by_gets.read_since(datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=5)) == []
+    assert await _events_consumers(runtime) == 0
+    # Longer ones (past the single-request budget) read the rest through a consumer, as the old path did.
+    assert [r.entry for r in await by_gets.read_since(middle)] == list(range(1, 40))
+    assert [r.entry for r in await by_gets.read_since(middle - datetime.timedelta(hours=1))] == list(
+        range(40)
+    )
+    assert [r.entry for r in await by_consumer.read_since(middle)] == list(range(1, 40))

@@ -107,4 +107,5 @@ class Connection:
             publish=self.acks.publish_acked,
             get_last_msg=self.gets.get_last_msg,
             get_next_msg=self.gets.get_next_msg,
+            get_first_since=self.gets.get_first_since,
         )

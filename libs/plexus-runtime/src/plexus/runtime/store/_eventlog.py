@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_EVENTS_STREAM",
     "EventLog",
     "EventLogEntry",
+    "GetFirstSince",
     "GetLastMsg",
     "GetNextMsg",
     "LogRecord",
@@ -105,6 +106,13 @@ class GetNextMsg(Protocol):
     def __call__(self, stream: str, subject: str, seq: int) -> Awaitable[RawStreamMsg]: ...
 
 
+class GetFirstSince(Protocol):
+    """How `read_since` finds where to start: the first message on the subject stored at or after ``when``
+    (``STREAM.MSG.GET`` with ``start_time``), or its errors."""
+
+    def __call__(self, stream: str, subject: str, when: datetime.datetime) -> Awaitable[RawStreamMsg]: ...
+
+
 class EventLog(Generic[T]):
     """The EventLog of one agent: ``subject`` in ``stream``, entries converted by ``encode``/``decode``.
 
@@ -113,7 +121,8 @@ class EventLog(Generic[T]):
     `read`, the wait for the next stored message. ``publish`` sends an append (default: ``js.publish``;
     the runtime passes its connection's one multiplexed publisher), with ``js.publish``'s errors;
     ``get_last_msg`` reads the last batch and ``get_next_msg`` the next one of a short `read` (defaults:
-    ``js.get_last_msg``, ``js.get_msg``; the runtime passes its connection's).
+    ``js.get_last_msg``, ``js.get_msg``; the runtime passes its connection's); ``get_first_since`` finds where
+    `read_since` starts (without it, `read_since` reads through an ordered consumer).
     """
 
     @overload
@@ -129,6 +138,7 @@ class EventLog(Generic[T]):
         publish: Publish | None = ...,
         get_last_msg: GetLastMsg | None = ...,
         get_next_msg: GetNextMsg | None = ...,
+        get_first_since: GetFirstSince | None = ...,
     ) -> None: ...
 
     @overload
@@ -144,6 +154,7 @@ class EventLog(Generic[T]):
         publish: Publish | None = ...,
         get_last_msg: GetLastMsg | None = ...,
         get_next_msg: GetNextMsg | None = ...,
+        get_first_since: GetFirstSince | None = ...,
     ) -> None: ...
 
     def __init__(
@@ -158,6 +169,7 @@ class EventLog(Generic[T]):
         publish: Publish | None = None,
         get_last_msg: GetLastMsg | None = None,
         get_next_msg: GetNextMsg | None = None,
+        get_first_since: GetFirstSince | None = None,
     ) -> None:
         if not subject or any(c in subject for c in " \t\r\n*>"):
             raise ValueError(f"EventLog subject must be a literal subject without wildcards, got {subject!r}")
@@ -175,6 +187,7 @@ class EventLog(Generic[T]):
         self._publish = publish
         self._get_last_msg: GetLastMsg = get_last_msg or self._js_get_last_msg
         self._get_next_msg: GetNextMsg = get_next_msg or self._js_get_next_msg
+        self._get_first_since = get_first_since
 
     # -- writing -------------------------------------------------------------------------------------
     async def append(
@@ -297,7 +310,9 @@ class EventLog(Generic[T]):
         sequence at call time, so the call completes even while writers keep appending."""
         last = await self.last_seq()
         stop = last if to_seq is None else min(to_seq, last)
-        start = max(from_seq, 1)
+        return await self._read_range(max(from_seq, 1), stop)
+
+    async def _read_range(self, start: int, stop: int) -> list[LogRecord[T]]:
         if stop < start:
             return []
         records: list[LogRecord[T]] = []
@@ -318,11 +333,12 @@ class EventLog(Generic[T]):
             if seq >= stop:
                 return records
             start = seq + 1
-        return records + await self._read_by_consumer(start, stop)
+        return records + await self._read_by_consumer(await self._subscribe(start), stop)
 
-    async def _read_by_consumer(self, start: int, stop: int) -> list[LogRecord[T]]:
+    async def _read_by_consumer(
+        self, sub: JetStreamContext.PushSubscription, stop: int
+    ) -> list[LogRecord[T]]:
         records: list[LogRecord[T]] = []
-        sub = await self._subscribe(start)
         try:
             while True:
                 msg = await sub.next_msg(timeout=self._timeout)
@@ -357,6 +373,15 @@ class EventLog(Generic[T]):
         last = int(last_msg.seq or 0)
         if last == 0 or (last_msg.time is not None and last_msg.time < when):
             return []
+        if self._get_first_since is not None:
+            # No consumer (see `read`): a takeover with a backlog asks this for every message it inherits.
+            try:
+                first = await self._get_first_since(self.stream, self.subject, when)
+            except NotFoundError as exc:
+                if exc.err_code == _NO_MESSAGE_FOUND:
+                    return []
+                raise
+            return await self._read_range(int(first.seq or 0), last)
         sub = await self._js.subscribe(
             self.subject,
             stream=self.stream,
@@ -364,20 +389,7 @@ class EventLog(Generic[T]):
             deliver_policy=DeliverPolicy.BY_START_TIME,
             config=ConsumerConfig(opt_start_time=when, inactive_threshold=5.0),
         )
-        records: list[LogRecord[T]] = []
-        try:
-            while True:
-                msg = await sub.next_msg(timeout=self._timeout)
-                meta = msg.metadata
-                seq = meta.sequence.stream
-                if seq > last:
-                    break
-                records.extend(self._records(seq, msg.data))
-                if seq >= last or meta.num_pending == 0:
-                    break
-        finally:
-            await _unsubscribe(sub)
-        return records
+        return await self._read_by_consumer(sub, last)
 
     def tail(self, from_seq: int = 0) -> LogTail[T]:
         """Stored records from ``from_seq`` on, then live ones as they are appended; never ends by itself.

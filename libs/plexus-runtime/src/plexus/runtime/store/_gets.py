@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import datetime
 
 import msgspec
 import nats.errors
@@ -56,6 +57,15 @@ class StreamGets(MultiplexedInbox[Msg]):
         """The first message stored on `subject` in `stream` at or after sequence `seq`: ``js.get_msg(...,
         next=True)``'s answer, with `get_last_msg`'s errors."""
         return await self._get(stream, {"seq": seq, "next_by_subj": subject})
+
+    async def get_first_since(
+        self, stream: str, subject: str, when: datetime.datetime
+    ) -> js_api.RawStreamMsg:
+        """The first message stored on `subject` in `stream` at or after time `when` (the server's store
+        time), with `get_last_msg`'s errors."""
+        if when.tzinfo is None:
+            when = when.replace(tzinfo=datetime.UTC)
+        return await self._get(stream, {"start_time": when.isoformat(), "next_by_subj": subject})
 
     async def _get(self, stream: str, request: dict[str, object]) -> js_api.RawStreamMsg:
         if not stream or any(c in stream for c in ". \t\r\n*>"):
