@@ -376,12 +376,12 @@ class EventLog(Generic[T]):
         if self._get_first_since is not None:
             # No consumer (see `read`): a takeover with a backlog asks this for every message it inherits.
             try:
-                first = await self._get_first_since(self.stream, self.subject, when)
+                start = int((await self._get_first_since(self.stream, self.subject, when)).seq or 0)
             except NotFoundError as exc:
-                if exc.err_code == _NO_MESSAGE_FOUND:
-                    return []
-                raise
-            return await self._read_range(int(first.seq or 0), last)
+                if exc.err_code != _NO_MESSAGE_FOUND:
+                    raise
+                start = last  # the last batch is stored since `when`: never conclude "nothing" against it
+            return await self._read_range(start, last)
         sub = await self._js.subscribe(
             self.subject,
             stream=self.stream,
