@@ -4,10 +4,12 @@ model: ...`` on a loaded machine)."""
 
 from __future__ import annotations
 
+import asyncio
 import io
+import sys
 import threading
 
-from plexus.runtime.ops._lines import WholeLines
+from plexus.runtime.ops._lines import WholeLines, whole_lines
 
 
 def _interleave(out: io.TextIOBase) -> None:
@@ -60,3 +62,17 @@ def test_a_flush_lets_an_unfinished_line_out_and_each_thread_keeps_its_own() -> 
     thread.join(5)
     out.write("c\n")
     assert target.getvalue() == "Continue? a\nfrom another thread\nbc\n"
+
+
+async def test_whole_lines_holds_for_the_decorated_coroutine_and_is_undone_after() -> None:
+    before = sys.stdout
+    seen: list[object] = []
+
+    @whole_lines()
+    async def dev() -> None:
+        await asyncio.sleep(0)
+        seen.append(sys.stdout)
+
+    await dev()
+    assert isinstance(seen[0], WholeLines)
+    assert sys.stdout is before

@@ -23,7 +23,7 @@ from plexus.core import KernelError
 
 from ._app import App
 from .client._client import Runtime
-from .ops._lines import WholeLines
+from .ops._lines import whole_lines
 from .ops._server import NatsServer
 
 __all__ = ["run_dev"]
@@ -142,6 +142,7 @@ async def _until_stop_or_exit(
     return None
 
 
+@whole_lines()  # the services' relayed lines and the script's prints do not mix
 async def run_dev(
     app: App,
     app_spec: str,
@@ -156,35 +157,6 @@ async def run_dev(
     """An embedded nats-server, ``workers`` worker processes serving ``app_spec`` and the installed
     services; ``script`` runs once they serve; then all serve until SIGINT/SIGTERM (``once``: until the
     script ends). Returns the exit status: 1 when a part fails to start or dies while serving."""
-    stdout = sys.stdout
-    sys.stdout = WholeLines(stdout)  # the services' relayed lines and the script's prints do not mix
-    try:
-        return await _run_dev(
-            app,
-            app_spec,
-            script,
-            workers=workers,
-            concurrency=concurrency,
-            once=once,
-            gateway_port=gateway_port,
-            keep=keep,
-        )
-    finally:
-        sys.stdout.flush()
-        sys.stdout = stdout
-
-
-async def _run_dev(
-    app: App,
-    app_spec: str,
-    script: Callable[[Runtime], Awaitable[Any]] | None,
-    *,
-    workers: int,
-    concurrency: int,
-    once: bool,
-    gateway_port: int | None,
-    keep: bool,
-) -> int:
     store = Path(tempfile.mkdtemp(prefix="plexus-dev-"))
     server = NatsServer(store_dir=store)
     procs: dict[str, subprocess.Popen[bytes]] = {}

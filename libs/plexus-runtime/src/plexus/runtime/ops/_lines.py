@@ -7,11 +7,26 @@ land between them (seen in the quickstart: ``answer: <an orchestrator log line>F
 
 from __future__ import annotations
 
+import contextlib
 import io
+import sys
 import threading
+from collections.abc import AsyncIterator
 from typing import TextIO
 
-__all__ = ["WholeLines"]
+__all__ = ["WholeLines", "whole_lines"]
+
+
+@contextlib.asynccontextmanager
+async def whole_lines() -> AsyncIterator[None]:
+    """This process's stdout is a `WholeLines` stream while the block (or the decorated coroutine) runs."""
+    stdout = sys.stdout
+    sys.stdout = WholeLines(stdout)
+    try:
+        yield
+    finally:
+        sys.stdout.flush()
+        sys.stdout = stdout
 
 
 class WholeLines(io.TextIOBase):
