@@ -35,6 +35,7 @@ from plexus.runtime.wire._envelope import RunInfo
 from plexus.runtime.wire._subjects import consumer_name, inbox_partition, lease_key
 from plexus.runtime.worker._partitions import _Puller
 
+from .apps_failover import KILL_FILE_ENV
 from .apps_failover import app as ledger_app
 from .conftest import StartWorker, WorkerProcess
 
@@ -144,11 +145,12 @@ async def _start_workers(
     agent_type: str,
     *ids: str,
     extra: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
 ) -> list[subprocess.Popen[bytes]]:
     """Start one worker per id, one after the other, and wait until they share the partitions fairly."""
     procs: list[subprocess.Popen[bytes]] = []
     for n, worker_id in enumerate(ids):
-        procs.append(worker_process(app, "--worker-id", worker_id, *FAST_WORKER, *extra))
+        procs.append(worker_process(app, "--worker-id", worker_id, *FAST_WORKER, *extra, env=env))
         live = ids[: n + 1]
         await _eventually(_spread(rt, agent_type, *live), f"fair spread over {live}", procs, tmp_path)
     return procs
@@ -172,7 +174,7 @@ PER_KEY = 50
 async def test_sigkill_mid_handler_loses_nothing_and_keeps_per_key_order(
     mode: str, runtime: Runtime, worker_process: WorkerProcess, tmp_path: Path
 ) -> None:
-    """1,000 messages over 20 keys; one of two workers is SIGKILLed once it has answered ~30 % of its own.
+    """1,000 messages over 20 keys; one of two workers is SIGKILLed inside its invocation ~30 % into its own.
 
     ``fifo``: each key's messages are sent one after the other (the per-key FIFO contract: a sender awaits
     a send before the next one to the same key; 20 sends in flight), so each key's state must be exactly
@@ -180,39 +182,31 @@ async def test_sigkill_mid_handler_loses_nothing_and_keeps_per_key_order(
     key have no defined order between them, so only "every seq exactly once" is asserted per key there.
     """
     rt = runtime
-    procs = await _start_workers(worker_process, rt, tmp_path, APP, "ledger", "wa", "wb")
+    kill_file = tmp_path / "kill"
+    env = {KILL_FILE_ENV: str(kill_file)}
+    procs = await _start_workers(worker_process, rt, tmp_path, APP, "ledger", "wa", "wb", env=env)
     victim, survivor = procs
     owners = await _owners(rt, "ledger")
     keys = _keys_of_both(rt, owners, KEYS)
-    # The kill is timed by the victim's own progress: timed by all replies, it could come after the victim
-    # (owning only a few of the keys) had answered every message of its own, and no failover was tested.
+    # The victim kills itself inside its own invocation number ~30 % of its share (apps_failover): timed
+    # by the replies this process reads, the kill could come after the victim had answered all of its keys.
     victim_share = PER_KEY * sum(owners[inbox_partition(k, rt.partitions)] == "wa" for k in keys)
+    kill_file.write_text(f"{victim.pid} {max(1, victim_share * 3 // 10)}")
     run = new_root_run()
-    by_victim = 0
-    third = asyncio.Event()
     replies: dict[tuple[str, int], dict[str, Any]] = {}
 
     async def one(key: str, seq: int) -> None:
-        nonlocal by_victim
         reply = await _send(rt, "ledger", key, str(seq), run)
         replies[key, seq] = reply
         if mode == "fifo":
             # Whoever answered (the first handler, or the checkpoint after a redelivery), the state it
             # reports holds each earlier message exactly once and in send order.
             assert reply["state"]["seen"] == list(range(1, seq + 1)), (key, seq, reply)
-        by_victim += reply["pid"] == victim.pid
-        if by_victim >= max(1, victim_share * 3 // 10):
-            third.set()
 
     async def sequential(key: str) -> None:
         for seq in range(1, PER_KEY + 1):
             await one(key, seq)
 
-    async def kill_at_a_third() -> None:
-        await third.wait()
-        os.kill(victim.pid, signal.SIGKILL)
-
-    killer = asyncio.create_task(kill_at_a_third())
     if mode == "fifo":
         senders = [sequential(k) for k in keys]
     else:
@@ -220,7 +214,6 @@ async def test_sigkill_mid_handler_loses_nothing_and_keeps_per_key_order(
     try:
         async with asyncio.timeout(SEND_TIMEOUT_S + 30):
             await asyncio.gather(*senders)  # every send returns: none lost
-            await killer
     except Exception as exc:
         raise AssertionError(f"{len(replies)} answered\n{_logs(tmp_path)}") from exc
     assert len(replies) == KEYS * PER_KEY
