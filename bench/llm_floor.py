@@ -22,15 +22,12 @@ What it leaves out, on purpose, because it is the framework's part: typed items 
 transcript's conversion to the provider's messages, middleware, interceptors, records for the agent's
 EventLog, the activation, the commit and the reply.
 
-``python -m bench.llm_floor [--runs N]`` measures what the floor itself is made of: the floor, and the floor
-with one part left out (``leave_out``: the journal, the progress events, the tool's thread), in the rounds of
-`bench.llm_bench`, one after the other in one process. Printed, with one ``RESULT <json>`` line; not part of
-``make bench``.
+``python -m bench.llm_floor_parts [--runs N]`` measures what the floor itself is made of. This module imports
+nothing of `bench.llm_bench`, which imports it.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import time
@@ -39,16 +36,14 @@ from typing import Any
 
 import msgspec
 
-from bench.common import emit_once
-
-__all__ = ["Floor"]
+__all__ = ["PARTS", "Floor"]
 
 _ENCODE = msgspec.json.Encoder().encode
 _DECODE = msgspec.json.Decoder().decode
 _EXPECTED = "Nats-Expected-Last-Subject-Sequence"
 #: The floor's budget per counter (as large as the bench's: never reached).
 _BUDGET = 10**12
-#: Parts `Floor` can leave out (``python -m bench.llm_floor`` measures each one's share).
+#: Parts `Floor` can leave out (``python -m bench.llm_floor_parts`` measures each one's share).
 PARTS = ("journal", "progress", "thread")
 
 
@@ -201,61 +196,3 @@ class Floor:
             await self._stored(last)
         for ack in progress_acks:
             await self._stored(ack)
-
-
-async def _parts(base_url: str, runs: int) -> dict[str, float]:
-    """The floor per model turn inside the handler, whole and each part's share (the floor without it,
-    subtracted from the whole)."""
-    import nats
-    import openai
-
-    from bench.llm_bench import bare_pair, measure_rounds, record_run, register_recorder, worker_and_client
-    from plexus.runtime import App
-
-    client = openai.AsyncOpenAI(base_url=base_url, api_key="bench", max_retries=0)
-    bodies: list[dict[str, Any]] = []
-    app = App()
-    register_recorder(app, client, bodies)
-    figures: dict[str, float] = {}
-    async with worker_and_client(app) as (rt, url):
-        await record_run(rt, bodies)
-        nc = await nats.connect(url)
-        try:
-            pair = bare_pair(client.chat.completions.create, bodies)
-            for variant in ("none", *PARTS):
-                floor = Floor(
-                    nc,
-                    client.chat.completions.create,
-                    bodies,
-                    lambda a, b: a + b,
-                    name=f"{variant}-",
-                    leave_out=() if variant == "none" else (variant,),
-                )
-                await floor.start()
-                rounds = await measure_rounds(runs, pair, floor.run, floor.loop_times.__getitem__)
-                figures[variant] = rounds.metrics("")["loop_overhead_per_turn.p50_ms"]
-        finally:
-            await nc.close()
-    result = {"llm.floor.loop_overhead_per_turn.p50_ms": figures["none"]}
-    for part in PARTS:
-        result[f"llm.floor.{part}_per_turn.p50_ms"] = figures["none"] - figures[part]
-    return result
-
-
-def main() -> None:
-    from bench.llm_bench import fake_provider
-
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else "")
-    parser.add_argument("--runs", type=int, default=150, help="measured rounds per variant")
-    args = parser.parse_args()
-    with fake_provider() as base_url:
-        metrics = asyncio.run(_parts(base_url, args.runs))
-    whole = metrics["llm.floor.loop_overhead_per_turn.p50_ms"]
-    print(f"the floor, per model turn inside the handler: {whole:.3f} ms")
-    for part in PARTS:
-        print(f"  of which {part}: {metrics[f'llm.floor.{part}_per_turn.p50_ms']:.3f} ms")
-    emit_once(metrics, {"runs": args.runs})
-
-
-if __name__ == "__main__":
-    main()
