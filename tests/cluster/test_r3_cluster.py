@@ -72,6 +72,37 @@ async def test_an_r3_topology_is_never_scaled_down_by_a_default_connection(
         await plain.close()
 
 
+async def test_a_bare_topology_run_keeps_an_r3_cluster_at_r3_and_raises_what_an_upgrade_adds(
+    nats_cluster: Callable[..., NatsCluster],
+) -> None:
+    """The upgrade step docs/operations.md gives is a bare ``plexus topology``. Its ``--replicas`` once
+    defaulted to 1 and scaled every stream of an R3 cluster down; now it keeps the replicas it finds, and a
+    bucket the upgrade adds (here: one deleted before the run) is created at them too."""
+    cluster = nats_cluster(3)
+    admin = await Runtime.connect(cluster.urls, replicas=3)
+    try:
+        added = admin.topology.names.consumers_bucket
+        await admin.js.delete_key_value(added)
+        argv = [arg for url in cluster.urls for arg in ("--nats", url)]
+        done = await asyncio.to_thread(
+            subprocess.run,
+            [sys.executable, "-m", "plexus.runtime.cli", "topology", *argv],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=REPO,
+            check=False,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "with 3 replica(s)" in done.stdout, done.stdout
+        replicas = {info.config.name: info.config.num_replicas for info in await admin.js.streams_info()}
+        assert replicas[f"KV_{added}"] == 3
+        assert set(replicas.values()) == {3}, replicas
+    finally:
+        await admin.close()
+
+
 async def test_every_stream_and_bucket_has_the_topologys_replicas(
     nats_cluster: Callable[..., NatsCluster],
 ) -> None:

@@ -205,3 +205,17 @@ def test_topology_command_creates_the_streams(nats_server: NatsServer) -> None:
     refused = _plexus("topology", "--replicas", "3", "--nats", nats_server.url, timeout=120)
     assert refused.returncode != 0
     assert "Traceback" not in refused.stderr, refused.stderr[-2000:]
+
+
+def test_a_bare_topology_run_keeps_the_ttls_it_finds(nats_server: NatsServer) -> None:
+    """docs/operations.md's upgrade step is a bare ``plexus topology``: what its flags leave out is what the
+    topology has, so it must not reset TTLs the operator chose (the flags' defaults once did)."""
+    env = {"PLEXUS_NATS": nats_server.url}
+    chosen = _plexus("topology", "--lease-ttl", "7", "--heartbeat-ttl", "6", env=env)
+    assert "with 1 replica(s), lease TTL 7s, heartbeat TTL 6s" in chosen.stdout, chosen.stdout + chosen.stderr
+    bare = _plexus("topology", env=env)
+    assert bare.returncode == 0, bare.stderr
+    assert "with 1 replica(s), lease TTL 7s, heartbeat TTL 6s" in bare.stdout, bare.stdout
+    # Named, a flag still changes what it names (and only that).
+    changed = _plexus("topology", "--lease-ttl", "12", env=env)
+    assert "with 1 replica(s), lease TTL 12s, heartbeat TTL 6s" in changed.stdout, changed.stdout

@@ -185,13 +185,22 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _nats_option(topology)
     topology.add_argument(
-        "--replicas", type=_positive, default=1, help="stream and bucket replicas (3 on a 3-node cluster)"
+        "--replicas",
+        type=_positive,
+        default=None,
+        help="stream and bucket replicas (3 on a 3-node cluster); default: what the topology has (1 if new)",
     )
     topology.add_argument(
-        "--lease-ttl", type=float, default=10.0, help="partition lease TTL in seconds (workers adopt it)"
+        "--lease-ttl",
+        type=float,
+        default=None,
+        help="partition lease TTL in seconds (workers adopt it); default: the bucket's (10 if new)",
     )
     topology.add_argument(
-        "--heartbeat-ttl", type=float, default=10.0, help="seconds without heartbeats before a worker is dead"
+        "--heartbeat-ttl",
+        type=float,
+        default=None,
+        help="seconds without heartbeats before a worker is dead; default: the bucket's (10 if new)",
     )
 
     probe = sub.add_parser("probe", help="GET a health URL; exit 0 on 2xx (container health checks)")
@@ -343,18 +352,38 @@ async def _types(args: argparse.Namespace) -> None:
         await rt.close()
 
 
-async def _topology(args: argparse.Namespace) -> None:
+async def _operator_connect(args: argparse.Namespace) -> tuple[Runtime, int]:
+    """Connect as the operator, reconciling the topology; returns the runtime and the replicas it asked for.
+
+    What the flags leave out is what the topology has: a bare ``plexus topology`` (the upgrade step the docs
+    give) must not scale an R3 cluster down to R1 or reset its TTLs. So a first connection adopts what
+    exists (creating what is missing), and the second reconciles everything to the replicas found (the
+    most any stream has, so objects an upgrade adds are raised to it) and the TTLs the buckets have."""
+    servers = _servers(args)
+    replicas, lease_ttl, heartbeat_ttl = args.replicas, args.lease_ttl, args.heartbeat_ttl
     try:
+        if None in (replicas, lease_ttl, heartbeat_ttl):
+            found = await Runtime.connect(servers)
+            try:
+                topology = found.topology
+                most = max((info.config.num_replicas or 1 for info in topology.streams.values()), default=1)
+            finally:
+                await found.close()
+            replicas = most if replicas is None else replicas
+            lease_ttl = topology.leases_ttl_s if lease_ttl is None else lease_ttl
+            heartbeat_ttl = topology.workers_ttl_s if heartbeat_ttl is None else heartbeat_ttl
         rt = await Runtime.connect(
-            _servers(args),
-            replicas=args.replicas,
-            lease_ttl_s=args.lease_ttl,
-            heartbeat_ttl_s=args.heartbeat_ttl,
+            servers, replicas=replicas, lease_ttl_s=lease_ttl, heartbeat_ttl_s=heartbeat_ttl
         )
     except (OSError, TimeoutError, NatsAuthError):
         raise
     except Exception as exc:  # the server's refusal (e.g. more replicas than nodes) says what is wrong
-        raise CliError(f"cannot create the topology with {args.replicas} replica(s): {exc}") from None
+        raise CliError(f"cannot create the topology with {replicas or 1} replica(s): {exc}") from None
+    return rt, replicas
+
+
+async def _topology(args: argparse.Namespace) -> None:
+    rt, replicas = await _operator_connect(args)
     try:
         # Partition consumers no record names (made before `plexus_consumers` existed: an upgrade) would
         # keep every new owner of their partition from creating its own; only the operator may list them.
@@ -364,7 +393,7 @@ async def _topology(args: argparse.Namespace) -> None:
         for name, info in sorted(rt.topology.streams.items()):
             print(f"{name}\treplicas {info.config.num_replicas}\tmessages {info.state.messages}")
         print(
-            f"topology ready on {', '.join(_servers(args))} with {args.replicas} replica(s), lease TTL"
+            f"topology ready on {', '.join(_servers(args))} with {replicas} replica(s), lease TTL"
             f" {rt.topology.leases_ttl_s:g}s, heartbeat TTL {rt.topology.workers_ttl_s:g}s"
         )
     finally:
