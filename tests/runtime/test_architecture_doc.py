@@ -57,3 +57,23 @@ def test_the_pipelines_docstring_states_the_handle_chains_order() -> None:
     chains = HandleChains(unused, unused, unused, [], unused)
     built = [type(i).__name__.removesuffix("Interceptor") for i in chains._all]
     assert [name.replace(" ", "").lower() for name in order.split(" → ")] == [b.lower() for b in built]
+
+
+def test_the_layer_table_names_every_module_of_plexus_runtime() -> None:
+    """Each row of the layer table names its subpackage's modules (``_x`` or ``pipeline/``'s); a module added
+    without a mention there is a table that no longer shows the architecture."""
+    package = Path(plexus.runtime.worker.pipeline.__file__).resolve().parents[2]
+    table = DOC.read_text().split("| layer (bottom up) |", 1)[1].split("\n\n", 1)[0]
+    rows: dict[str, str] = {}
+    for line in table.splitlines()[2:]:  # a first cell may name siblings: `client/` \| `_app`
+        for name in line.split(" | ")[0].removeprefix("| ").split("\\|"):
+            rows[name.strip().strip("`")] = line
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package)
+        if path.name == "__init__.py" or len(relative.parts) == 1:
+            continue  # the top-level modules are rows of their own
+        row = rows.get(f"{relative.parts[0]}/", "")
+        if f"`{path.stem}`" not in row:
+            missing.append(str(relative))
+    assert not missing, f"docs/architecture.md's layer table does not name: {missing}"
