@@ -15,8 +15,6 @@ from nats.js.api import ConsumerConfig, StreamConfig, SubjectTransform
 
 from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.wire._subjects import (
-    ALL_BUCKETS,
-    ALL_STREAMS,
     BUCKET_CHECKPOINTS,
     MAX_CONSUMER_NAME,
     MAX_SUBJECT_BYTES,
@@ -29,7 +27,6 @@ from plexus.runtime.wire._subjects import (
     inbox_partition,
     inbox_transform,
     lease_key,
-    stream_subjects,
     unescape_token,
 )
 
@@ -172,8 +169,6 @@ def test_prefix_must_be_plain_tokens(prefix: str) -> None:
         Subjects("default", prefix=prefix)
     with pytest.raises(ValueError, match="prefix"):
         inbox_transform(4, prefix)
-    with pytest.raises(ValueError, match="prefix"):
-        stream_subjects(prefix)
 
 
 @pytest.mark.parametrize("bad", [-1, True, 1.5, "3"])
@@ -356,26 +351,6 @@ def test_consumer_names_are_injective(ns1: str, t1: str, p1: int, ns2: str, t2: 
     assert a != b
     assert len(a) <= MAX_CONSUMER_NAME
     assert TOKEN_RE.fullmatch(a)
-
-
-def test_stream_and_bucket_names() -> None:
-    assert ALL_STREAMS == ("PLEXUS_INBOX", "PLEXUS_EVENTS", "PLEXUS_PROGRESS", "PLEXUS_DLQ")
-    assert set(ALL_BUCKETS) == {
-        "plexus_checkpoints",
-        "plexus_registry",
-        "plexus_workers",
-        "plexus_subscriptions",
-        "plexus_leases",
-        "plexus_consumers",
-        "plexus_artifacts",
-    }
-    assert stream_subjects() == {
-        "PLEXUS_INBOX": ["px.*.in.*.*"],
-        "PLEXUS_EVENTS": ["px.*.evlog.>"],
-        "PLEXUS_PROGRESS": ["px.*.progress.>"],
-        "PLEXUS_DLQ": ["px.*.dlq.>"],
-    }
-    assert stream_subjects("a.b")[STREAM_INBOX] == ["a.b.*.in.*.*"]
 
 
 def test_inbox_transform_strings() -> None:

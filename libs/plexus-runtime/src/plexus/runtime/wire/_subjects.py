@@ -17,8 +17,6 @@ import re
 from dataclasses import dataclass, field
 
 __all__ = [
-    "ALL_BUCKETS",
-    "ALL_STREAMS",
     "BUCKET_ARTIFACTS",
     "BUCKET_CHECKPOINTS",
     "BUCKET_CONSUMERS",
@@ -43,7 +41,6 @@ __all__ = [
     "inbox_transform",
     "lease_key",
     "reply_subject_problem",
-    "stream_subjects",
     "unescape_token",
 ]
 
@@ -63,7 +60,6 @@ STREAM_INBOX = "PLEXUS_INBOX"
 STREAM_EVENTS = "PLEXUS_EVENTS"
 STREAM_PROGRESS = "PLEXUS_PROGRESS"
 STREAM_DLQ = "PLEXUS_DLQ"
-ALL_STREAMS = (STREAM_INBOX, STREAM_EVENTS, STREAM_PROGRESS, STREAM_DLQ)
 
 BUCKET_CHECKPOINTS = "plexus_checkpoints"
 BUCKET_REGISTRY = "plexus_registry"
@@ -72,15 +68,6 @@ BUCKET_SUBSCRIPTIONS = "plexus_subscriptions"
 BUCKET_LEASES = "plexus_leases"
 BUCKET_CONSUMERS = "plexus_consumers"  # each inbox partition's current consumer name (secret per type)
 BUCKET_ARTIFACTS = "plexus_artifacts"  # an object store, not a KV bucket
-ALL_BUCKETS = (
-    BUCKET_CHECKPOINTS,
-    BUCKET_REGISTRY,
-    BUCKET_WORKERS,
-    BUCKET_SUBSCRIPTIONS,
-    BUCKET_LEASES,
-    BUCKET_CONSUMERS,
-    BUCKET_ARTIFACTS,
-)
 
 
 class SubjectTooLongError(ValueError):
@@ -353,17 +340,6 @@ class Subjects:
 
 # --------------------------------------------------------------------------------------------------------
 # Stream configuration
-
-
-def stream_subjects(prefix: str = DEFAULT_PREFIX) -> dict[str, list[str]]:
-    """The subjects each Plexus stream captures, across all namespaces."""
-    _check_prefix(prefix)
-    return {
-        STREAM_INBOX: [f"{prefix}.*.in.*.*"],
-        STREAM_EVENTS: [f"{prefix}.*.evlog.>"],
-        STREAM_PROGRESS: [f"{prefix}.*.progress.>"],
-        STREAM_DLQ: [f"{prefix}.*.dlq.>"],
-    }
 
 
 def inbox_transform(partitions: int, prefix: str = DEFAULT_PREFIX) -> tuple[str, str]:
