@@ -5,7 +5,8 @@
 - calling them: `Runtime` (send, publish, runs, schedules, forks, progress, stream), `new_root_run`,
   `ForkPoint`, `ForkEdit`
 - cross-cutting features: `Interceptor` and its inputs, the `Supervisor` seam
-- the errors these raise (all `plexus.core.KernelError`s)
+- the errors these raise (`plexus.core.KernelError`s; `Runtime.connect`'s `NatsUnreachableError` is a
+  `ConnectionError`)
 
 Other public modules, with the same stability promise: `plexus.runtime.kernel` (the API for services and
 extensions: storage, subjects and the wire envelope, settings, telemetry), `plexus.runtime.orchestration` (the
@@ -29,6 +30,7 @@ from .interceptors._interceptors import (
     SpawnInput,
     UsageInput,
 )
+from .ops._first_connect import NatsUnreachableError
 from .ops._server import NatsServer
 from .store._artifacts import PayloadTooLargeError
 from .store._outage import ServiceUnavailableError
@@ -50,6 +52,7 @@ __all__ = [
     "InvalidForkError",
     "InvalidScheduleError",
     "NatsServer",
+    "NatsUnreachableError",
     "PayloadTooLargeError",
     "ProgressInput",
     "PublishInput",

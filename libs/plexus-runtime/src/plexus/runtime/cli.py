@@ -25,6 +25,7 @@ from ._dev import run_dev
 from .client._client import Runtime
 from .ops._allocator import ALLOCATORS, AllocatorError, allocator_in_use, use_allocator
 from .ops._auth import NatsAuthError
+from .ops._first_connect import NatsUnreachableError
 from .ops._health import HealthServer
 from .ops._logging import LOG_FORMATS, LOG_LEVELS, LogSettings, configure_logging
 from .ops._security import add_security_command
@@ -259,6 +260,7 @@ async def _serve_worker(app: App, args: argparse.Namespace) -> None:
         lease_ttl_s=args.lease_ttl,
         heartbeat_ttl_s=args.heartbeat_ttl,
         replicas=args.replicas,
+        connect_wait_s=None,  # a worker may start before its server (a container); Ctrl-C still stops it
     )
     worker = Worker(
         app,
@@ -475,7 +477,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if handler is None:
                 parser.error(f"unknown command {args.command!r}")
             return int(handler(args) or 0)
-    except ConnectionLostError as exc:
+    except (ConnectionLostError, NatsUnreachableError) as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
         return 1
     except PermissionDeniedError as exc:

@@ -185,12 +185,14 @@ def _run_gateway(args: argparse.Namespace) -> int:
 async def _serve_gateway(urls: list[str], config: GatewayConfig, host: str, port: int) -> int:
     from ._server import Gateway  # the web stack, imported by the one command that serves (see __init__)
 
+    configure_telemetry("plexus-gateway")
+    # A service waits for its server as long as it takes (a container may start first); until it is up,
+    # SIGTERM and Ctrl-C keep their default effect (the process ends) instead of setting `stop`.
+    rt = await Runtime.connect(urls, name="plexus-gateway", connect_wait_s=None)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    configure_telemetry("plexus-gateway")
-    rt = await Runtime.connect(urls, name="plexus-gateway")
     gateway = Gateway(rt, config, host=host, port=port)
     try:
         await gateway.start()

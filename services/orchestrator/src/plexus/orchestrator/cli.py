@@ -109,12 +109,14 @@ def run(args: argparse.Namespace) -> int:
 async def _serve(
     urls: list[str], config: OrchestratorConfig, health_port: int | None, health_host: str
 ) -> int:
+    telemetry = configure_telemetry("plexus-orchestrator")
+    # The connect waits for a server as long as it takes (a container may start first): until it is up,
+    # SIGTERM and Ctrl-C keep their default effect (the process ends) instead of setting `stop`.
+    orch = await Orchestrator.connect(urls, config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    telemetry = configure_telemetry("plexus-orchestrator")
-    orch = await Orchestrator.connect(urls, config)
     await orch.start()
     stopping = False
     health = None

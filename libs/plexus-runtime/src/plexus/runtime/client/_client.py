@@ -14,7 +14,6 @@ import urllib.parse
 from collections.abc import Sequence
 from typing import Any, Literal, TypeVar, overload
 
-import nats
 from nats.aio.client import Client as NATS
 from nats.js import JetStreamContext
 from pydantic import BaseModel
@@ -36,6 +35,7 @@ from plexus.runtime.interceptors._interceptors import (
 )
 from plexus.runtime.ops._auth import NatsAuth
 from plexus.runtime.ops._denials import DenialWatch, raise_on_denial
+from plexus.runtime.ops._first_connect import CLIENT_CONNECT_WAIT_S, connect_nats
 from plexus.runtime.ops._liveness import PING_INTERVAL_S, liveness_options
 from plexus.runtime.ops._server import NatsServer
 from plexus.runtime.store._acks import DeferredAcks
@@ -156,13 +156,16 @@ class Runtime:
         replicas: int | None = None,
         auth: NatsAuth | None = None,
         ping_interval_s: float = PING_INTERVAL_S,
+        connect_wait_s: float | None = CLIENT_CONNECT_WAIT_S,
     ) -> Runtime:
         """Connect to `url` (one URL or a cluster's seed list) and create or reconcile the topology.
 
         `auth` (default: the ``PLEXUS_NATS_*`` environment, `NatsAuth.from_env`) carries credentials, TLS
         and this identity's inbox prefix; nothing set is the open development mode. A server that stops
         answering pings sent every `ping_interval_s` (its host died or dropped off the network: no TCP reset,
-        only silence) is left for another of `url` after 2-3 intervals (`ops/_liveness.py`)."""
+        only silence) is left for another of `url` after 2-3 intervals (`ops/_liveness.py`). No server
+        accepting a first connection within `connect_wait_s` is `NatsUnreachableError`; None waits for one as
+        long as it takes (a service started before its server); once connected, reconnects never give up."""
         liveness = liveness_options(ping_interval_s)
         servers = [url] if isinstance(url, str) else list(url)
         auth = NatsAuth.from_env() if auth is None else auth
@@ -183,8 +186,9 @@ class Runtime:
         # nats-py closes a connection for good on some protocol errors (e.g. "maximum control line
         # exceeded") even with unlimited reconnects: long-lived processes watch `connection_closed`.
         denials = DenialWatch(auth.user)
-        nc = await nats.connect(
-            servers=servers,
+        nc = await connect_nats(
+            servers,
+            connect_wait_s,
             name=name or "plexus",
             max_reconnect_attempts=-1,
             **liveness,
