@@ -46,6 +46,26 @@ def test_init_writes_a_config_and_private_env_files(
     assert (out / "tls" / "acme-worker.pem").exists()  # a client certificate per identity
 
 
+def test_init_never_replaces_a_layout_without_force(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A second init into the same directory would write new passwords and certificates and lock a running
+    cluster's servers and processes out; it is refused with one line, and `--force` replaces the layout."""
+    out = tmp_path / "sec"
+    assert main(["security", "init", str(out), "--tenant", "acme"]) == 0
+    kept = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
+    capsys.readouterr()
+    assert main(["security", "init", str(out), "--tenant", "acme"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("plexus: error: "), err
+    assert "--force" in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert {p: p.read_bytes() for p in out.rglob("*") if p.is_file()} == kept
+    assert main(["security", "init", str(out), "--tenant", "acme", "--force"]) == 0
+    worker_env = out / "env" / "acme" / "worker.env"
+    assert worker_env.read_bytes() != kept[worker_env]  # a new password
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [

@@ -125,11 +125,14 @@ def security_init(
     mtls: bool = False,
     worker_types: dict[str, list[str]] | None = None,
     worker_groups: Mapping[str, Mapping[str, Sequence[str]]] | None = None,
+    replace: bool = False,
 ) -> SecurityLayout:
     """Write the files described in the module docstring. `hosts` are the names and addresses in the
     server certificate (default ``127.0.0.1``, ``localhost``); `worker_types` maps a tenant to the agent
     types its ``worker`` user serves (default: any); `worker_groups` maps a tenant to its worker groups,
-    each a name and the agent types its own user ``<tenant>-worker-<name>`` serves."""
+    each a name and the agent types its own user ``<tenant>-worker-<name>`` serves. A `directory` that
+    holds a layout already is a ValueError unless `replace`: new passwords and certificates lock out every
+    server and process using the old ones."""
     if not tenants:
         raise ValueError("at least one tenant is needed")
     for tenant in tenants:
@@ -144,6 +147,11 @@ def security_init(
     if unknown := sorted(set(groups) - set(tenants)):
         raise ValueError(f"worker groups of tenants not given with --tenant: {', '.join(unknown)}")
     identities = {t: _identities(t, (worker_types or {}).get(t), groups.get(t, {})) for t in tenants}
+    if (directory / "nats-security.conf").exists() and not replace:
+        raise ValueError(
+            f"{directory} holds a security layout already: writing it again makes new passwords and"
+            " certificates, which lock out every server and process using the old ones (--force replaces it)"
+        )
     directory.mkdir(parents=True, exist_ok=True)
     layout = SecurityLayout(directory, directory / "nats-security.conf", None, None, None, None, None)
     lines: list[str] = []
@@ -258,6 +266,11 @@ def add_security_command(sub: argparse._SubParsersAction[argparse.ArgumentParser
     init.add_argument("--no-tls", action="store_true", help="no TLS (not for production)")
     init.add_argument("--mtls", action="store_true", help="servers verify client certificates too")
     init.add_argument(
+        "--force",
+        action="store_true",
+        help="replace a layout the directory holds (new passwords and certificates)",
+    )
+    init.add_argument(
         "--worker-types",
         action="append",
         default=[],
@@ -359,6 +372,7 @@ def _init_command(args: argparse.Namespace) -> int:
             mtls=args.mtls,
             worker_types=worker_types,
             worker_groups=worker_groups,
+            replace=args.force,
         )
     except ValueError as exc:
         print(f"plexus: error: {exc}", file=sys.stderr)
