@@ -188,6 +188,62 @@ def test_a_bad_environment_variable_is_refused_by_name(
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.parametrize(
+    ("command", "env", "named"),
+    [
+        (["worker", APP, "--ack-wait", "0"], {}, "--ack-wait: must be a number of seconds above 0"),
+        (["worker", APP, "--lease-ttl", "0"], {}, "--lease-ttl: must be a number of seconds above 0"),
+        (
+            ["worker", APP, "--heartbeat-ttl", "-3"],
+            {},
+            "--heartbeat-ttl: must be a number of seconds above 0",
+        ),
+        (["dev", APP, "--once"], {"PLEXUS_GATEWAY_PORT": "abc"}, "PLEXUS_GATEWAY_PORT: expected a TCP port"),
+        (["dev", APP, "--gateway-port", "99999"], {}, "--gateway-port: expected a TCP port"),
+        (["gateway", "--dev", "--port", "99999"], {}, "--port: expected a TCP port"),
+        (["mcp", "serve", "--http", "-1"], {}, "--http: expected a TCP port"),
+        (["runs", "start", "assistant/", "hi"], {}, "agent key must not be empty"),
+        (["runs", "start", "a/b", "hi", "--max-tokens", "-5"], {}, "--max-tokens: must be at least 1"),
+    ],
+)
+def test_a_bad_value_is_one_line_before_anything_starts(
+    command: list[str], env: dict[str, str], named: str
+) -> None:
+    """Values that once failed far from their flag: a pydantic dump of several lines, an `OverflowError` from
+    `bind()`, a `ValueError` from the topology, or (``--ack-wait 0``) nothing at all."""
+    done = _plexus(*command, env=env)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    [line] = [ln for ln in done.stderr.splitlines() if "error:" in ln]
+    assert named in line, line
+
+
+def test_the_server_refusing_a_workers_replicas_is_one_line(nats_server: NatsServer) -> None:
+    done = _plexus("worker", APP, "--replicas", "3", "--nats", nats_server.url, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "plexus: error: cannot create the topology with 3 replica(s): " in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "named"),
+    [
+        (["worker", APP, "--health-port", "{port}"], "the health endpoint cannot listen on 127.0.0.1:{port}"),
+        (["orchestrator"], "the metrics endpoint cannot listen on 127.0.0.1:{port}"),
+    ],
+)
+def test_a_taken_health_or_metrics_port_is_one_line(
+    nats_server: NatsServer, command: list[str], named: str
+) -> None:
+    port = str(nats_server.client_port)  # taken: the server listens there
+    argv = [arg.replace("{port}", port) for arg in command]
+    env = {"PLEXUS_NATS": nats_server.url, "PLEXUS_METRICS_PORT": port if "orchestrator" in argv else ""}
+    done = _plexus(*argv, env={k: v for k, v in env.items() if v}, timeout=120)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert named.replace("{port}", port) in done.stderr, done.stderr[-2000:]
+
+
 def test_help_documents_every_setting() -> None:
     shown = _plexus("worker", "--help").stdout
     for name in WorkerSettings.model_fields:

@@ -3,6 +3,7 @@ and every installed service (``plexus.dev`` entry points: the orchestrator, the 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import contextlib
 import os
@@ -23,8 +24,10 @@ from plexus.core import KernelError
 
 from ._app import App
 from .client._client import Runtime
+from .ops._arguments import port_number
 from .ops._lines import whole_lines
 from .ops._server import NatsServer
+from .ops._settings import SettingsError
 
 __all__ = ["run_dev"]
 
@@ -111,7 +114,10 @@ def _choose_gateway_port(requested: int | None) -> None:
     """Settle the gateway's port for the services started next (they read $PLEXUS_GATEWAY_PORT): the one
     asked for, or a free one when it is taken: a busy 8470 never leaves `plexus dev` without a dashboard."""
     if requested is None:
-        requested = int(os.environ.get("PLEXUS_GATEWAY_PORT", DEFAULT_GATEWAY_PORT))
+        try:
+            requested = port_number(os.environ.get("PLEXUS_GATEWAY_PORT", str(DEFAULT_GATEWAY_PORT)))
+        except argparse.ArgumentTypeError as exc:
+            raise SettingsError(f"PLEXUS_GATEWAY_PORT: {exc}") from None
     if requested and _port_taken(requested):
         print(
             f"plexus dev: port {requested} is taken; the gateway takes a free port (its URL follows)",

@@ -24,6 +24,7 @@ from ._app import App
 from ._dev import run_dev
 from .client._client import Runtime
 from .ops._allocator import ALLOCATORS, AllocatorError, allocator_in_use, use_allocator
+from .ops._arguments import nats_url, port_number, positive_int, positive_seconds
 from .ops._auth import NatsAuthError
 from .ops._first_connect import NatsUnreachableError
 from .ops._health import HealthServer
@@ -65,32 +66,10 @@ def load_object(spec: str) -> Any:
     return obj
 
 
-def _port(value: str) -> int:
-    if not value.isdigit() or int(value) > 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value!r}")
-    return int(value)
-
-
-def _positive(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
-    return number
-
-
-def _nats_url(value: str) -> str:
-    if not value.startswith(("nats://", "tls://", "ws://", "wss://")):
-        raise argparse.ArgumentTypeError(f"expected a nats:// URL, got {value!r}")
-    return value
-
-
 def _nats_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nats",
-        type=_nats_url,
+        type=nats_url,
         action="append",
         default=None,
         help="server URL (repeat for every seed of a cluster); default $PLEXUS_NATS or nats://127.0.0.1:4222",
@@ -154,24 +133,34 @@ def build_parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("app", help="module:attribute of a plexus.runtime.App")
     worker.add_argument(
-        "--concurrency", type=_positive, default=None, help="handlers running at once (default 64)"
+        "--concurrency", type=positive_int, default=None, help="handlers running at once (default 64)"
     )
     _nats_option(worker)
     worker.add_argument(
         "--replicas",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="create/reconcile Plexus streams and buckets with this many replicas (3 on a 3-node cluster); "
         "default: create R1, leave existing ones as they are",
     )
-    worker.add_argument("--ack-wait", type=float, default=None, help="seconds before JetStream redelivers")
-    worker.add_argument("--lease-ttl", type=float, default=None, help="partition lease TTL in seconds")
     worker.add_argument(
-        "--heartbeat-ttl", type=float, default=None, help="seconds without heartbeats before a worker is dead"
+        "--ack-wait", type=positive_seconds, default=None, help="seconds before JetStream redelivers"
+    )
+    worker.add_argument(
+        "--lease-ttl", type=positive_seconds, default=None, help="partition lease TTL in seconds"
+    )
+    worker.add_argument(
+        "--heartbeat-ttl",
+        type=positive_seconds,
+        default=None,
+        help="seconds without heartbeats before a worker is dead",
     )
     worker.add_argument("--worker-id", default=None)
     worker.add_argument(
-        "--health-port", type=_port, default=None, help="serve /healthz and /readyz on this port (0: any)"
+        "--health-port",
+        type=port_number,
+        default=None,
+        help="serve /healthz and /readyz on this port (0: any)",
     )
     worker.add_argument(
         "--allocator",
@@ -187,26 +176,26 @@ def build_parser() -> argparse.ArgumentParser:
     _nats_option(topology)
     topology.add_argument(
         "--replicas",
-        type=_positive,
+        type=positive_int,
         default=None,
         help="stream and bucket replicas (3 on a 3-node cluster); default: what the topology has (1 if new)",
     )
     topology.add_argument(
         "--lease-ttl",
-        type=float,
+        type=positive_seconds,
         default=None,
         help="partition lease TTL in seconds (workers adopt it); default: the bucket's (10 if new)",
     )
     topology.add_argument(
         "--heartbeat-ttl",
-        type=float,
+        type=positive_seconds,
         default=None,
         help="seconds without heartbeats before a worker is dead; default: the bucket's (10 if new)",
     )
 
     probe = sub.add_parser("probe", help="GET a health URL; exit 0 on 2xx (container health checks)")
     probe.add_argument("url", help="e.g. http://localhost:8480/readyz")
-    probe.add_argument("--timeout", type=float, default=3.0)
+    probe.add_argument("--timeout", type=positive_seconds, default=3.0)
 
     dev = sub.add_parser(
         "dev",
@@ -222,11 +211,11 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--once", action="store_true", help="with --run: stop everything when the script ends (CI, demos)"
     )
-    dev.add_argument("--workers", type=_positive, default=1)
-    dev.add_argument("--concurrency", type=_positive, default=64)
+    dev.add_argument("--workers", type=positive_int, default=1)
+    dev.add_argument("--concurrency", type=positive_int, default=64)
     dev.add_argument(
         "--gateway-port",
-        type=int,
+        type=port_number,
         default=None,
         help="the dashboard's port (default $PLEXUS_GATEWAY_PORT or 8470; if taken, a free one: URL printed)",
     )
@@ -254,7 +243,7 @@ async def _serve(app: App, args: argparse.Namespace) -> None:
 
 
 async def _serve_worker(app: App, args: argparse.Namespace) -> None:
-    rt = await Runtime.connect(
+    connecting = Runtime.connect(
         _servers(args),
         namespace=app.namespace,
         lease_ttl_s=args.lease_ttl,
@@ -262,6 +251,7 @@ async def _serve_worker(app: App, args: argparse.Namespace) -> None:
         replicas=args.replicas,
         connect_wait_s=None,  # a worker may start before its server (a container); Ctrl-C still stops it
     )
+    rt = await _topology_refusal_is_one_line(connecting, args.replicas)
     worker = Worker(
         app,
         rt,
@@ -354,6 +344,18 @@ async def _types(args: argparse.Namespace) -> None:
         await rt.close()
 
 
+async def _topology_refusal_is_one_line(connecting: Awaitable[Runtime], replicas: int | None) -> Runtime:
+    """`connecting`'s runtime; the server's refusal of the topology (more replicas than nodes, a conflicting
+    setting) as a `CliError` rather than a traceback. Connection, credential and permission errors pass."""
+    try:
+        return await connecting
+    except (OSError, TimeoutError, NatsAuthError, PermissionDeniedError):
+        raise
+    except Exception as exc:
+        at = f" with {replicas} replica(s)" if replicas is not None else ""
+        raise CliError(f"cannot create the topology{at}: {exc}") from None
+
+
 async def _operator_connect(args: argparse.Namespace) -> tuple[Runtime, int]:
     """Connect as the operator, reconciling the topology; returns the runtime and the replicas it asked for.
 
@@ -363,25 +365,20 @@ async def _operator_connect(args: argparse.Namespace) -> tuple[Runtime, int]:
     most any stream has, so objects an upgrade adds are raised to it) and the TTLs the buckets have."""
     servers = _servers(args)
     replicas, lease_ttl, heartbeat_ttl = args.replicas, args.lease_ttl, args.heartbeat_ttl
-    try:
-        if None in (replicas, lease_ttl, heartbeat_ttl):
-            found = await Runtime.connect(servers)
-            try:
-                topology = found.topology
-                most = max((info.config.num_replicas or 1 for info in topology.streams.values()), default=1)
-            finally:
-                await found.close()
-            replicas = most if replicas is None else replicas
-            lease_ttl = topology.leases_ttl_s if lease_ttl is None else lease_ttl
-            heartbeat_ttl = topology.workers_ttl_s if heartbeat_ttl is None else heartbeat_ttl
-        rt = await Runtime.connect(
-            servers, replicas=replicas, lease_ttl_s=lease_ttl, heartbeat_ttl_s=heartbeat_ttl
-        )
-    except (OSError, TimeoutError, NatsAuthError):
-        raise
-    except Exception as exc:  # the server's refusal (e.g. more replicas than nodes) says what is wrong
-        raise CliError(f"cannot create the topology with {replicas or 1} replica(s): {exc}") from None
-    return rt, replicas
+    if None in (replicas, lease_ttl, heartbeat_ttl):
+        found = await _topology_refusal_is_one_line(Runtime.connect(servers), None)
+        try:
+            topology = found.topology
+            most = max((info.config.num_replicas or 1 for info in topology.streams.values()), default=1)
+        finally:
+            await found.close()
+        replicas = most if replicas is None else replicas
+        lease_ttl = topology.leases_ttl_s if lease_ttl is None else lease_ttl
+        heartbeat_ttl = topology.workers_ttl_s if heartbeat_ttl is None else heartbeat_ttl
+    connecting = Runtime.connect(
+        servers, replicas=replicas, lease_ttl_s=lease_ttl, heartbeat_ttl_s=heartbeat_ttl
+    )
+    return await _topology_refusal_is_one_line(connecting, replicas), replicas
 
 
 async def _topology(args: argparse.Namespace) -> None:

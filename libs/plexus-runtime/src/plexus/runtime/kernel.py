@@ -13,6 +13,7 @@ contract enforces it).
 from .cli import CliError, load_object
 from .client._fork import ForkSource, ForkStart
 from .ops._allocator import AllocatorError, allocator_in_use, use_allocator
+from .ops._arguments import agent_id_argument, nats_url, port_number, positive_int, positive_seconds
 from .ops._auth import NatsAuth, NatsAuthError
 from .ops._denials import DenialWatch, raise_on_denial
 from .ops._health import HealthServer
@@ -67,6 +68,7 @@ __all__ = [
     "TypePrefixSubscription",
     "TypeSubscription",
     "WireError",
+    "agent_id_argument",
     "allocator_in_use",
     "blocks_from_payload",
     "checkpoint_key",
@@ -82,6 +84,10 @@ __all__ = [
     "load_settings",
     "make_headers",
     "metrics_enabled",
+    "nats_url",
+    "port_number",
+    "positive_int",
+    "positive_seconds",
     "raise_on_denial",
     "recording_lines",
     "register_replay_hook",

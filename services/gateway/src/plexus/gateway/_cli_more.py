@@ -10,21 +10,15 @@ from typing import Any
 
 import msgspec
 
-from plexus.core import AgentId, ExecutionBudget, SpawnBudget, TextBlock
+from plexus.core import ExecutionBudget, SpawnBudget, TextBlock
 from plexus.runtime import Runtime
+from plexus.runtime.kernel import agent_id_argument, positive_int
 
 from ._runs import partitions_by_worker
 from ._session_tools import item_line
 from ._sessions import SessionNotFound, SessionStore
 
 __all__ = ["add_approve", "add_start", "agents", "approve", "sessions", "start"]
-
-
-def _agent_id(value: str) -> AgentId:
-    try:
-        return AgentId.parse(value)
-    except (ValueError, TypeError) as exc:
-        raise argparse.ArgumentTypeError(f"expected an agent id TYPE/KEY, got {value!r}: {exc}") from None
 
 
 def _non_negative(value: str) -> float:
@@ -48,12 +42,14 @@ def add_start(verbs: Any) -> argparse.ArgumentParser:
     start: argparse.ArgumentParser = verbs.add_parser(
         "start", help="start an orchestrated run tree; prints its run id"
     )
-    start.add_argument("agent_id", type=_agent_id, help="the root agent, TYPE/KEY")
+    start.add_argument("agent_id", type=agent_id_argument, help="the root agent, TYPE/KEY")
     start.add_argument("text", nargs="?", default="", help="the input text (default: empty)")
-    start.add_argument("--max-tokens", type=int, default=None)
+    start.add_argument("--max-tokens", type=positive_int, default=None)
     start.add_argument("--max-cost", type=_non_negative, default=None, help="USD")
-    start.add_argument("--max-turns", type=int, default=None)
-    start.add_argument("--max-agents", type=int, default=None, help="spawn budget: agents alive at once")
+    start.add_argument("--max-turns", type=positive_int, default=None)
+    start.add_argument(
+        "--max-agents", type=positive_int, default=None, help="spawn budget: agents alive at once"
+    )
     start.add_argument("--timeout", type=_non_negative, default=None, help="deadline, seconds from now")
     start.add_argument("--watch", action="store_true", help="then follow the tree until it ends")
     return start

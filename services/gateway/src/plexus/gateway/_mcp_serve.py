@@ -19,7 +19,13 @@ from typing import Any
 
 from plexus.core import RunId
 from plexus.runtime import Runtime
-from plexus.runtime.kernel import NatsSettings, configure_telemetry, load_settings
+from plexus.runtime.kernel import (
+    NatsSettings,
+    configure_telemetry,
+    load_settings,
+    port_number,
+    positive_seconds,
+)
 
 from ._access import TokenRegistry
 from ._config import GatewayConfig
@@ -48,7 +54,7 @@ def register_mcp(sub: Any) -> None:
     how = serve.add_mutually_exclusive_group(required=True)
     how.add_argument("--stdio", action="store_true", help="speak MCP on stdin/stdout (a local client)")
     how.add_argument(
-        "--http", type=int, metavar="PORT", help="streamable HTTP on PORT (0: a free one), at /mcp"
+        "--http", type=port_number, metavar="PORT", help="streamable HTTP on PORT (0: a free one), at /mcp"
     )
     serve.add_argument("--host", default="127.0.0.1", help="HTTP address (default 127.0.0.1)")
     serve.add_argument(
@@ -61,7 +67,7 @@ def register_mcp(sub: Any) -> None:
         "--dev", action="store_true", help="HTTP without authentication (only on a loopback address)"
     )
     serve.add_argument(
-        "--timeout", type=float, default=600.0, help="seconds one call may take (then cancelled)"
+        "--timeout", type=positive_seconds, default=600.0, help="seconds one call may take (then cancelled)"
     )
     serve.add_argument(
         "--nats",

@@ -20,6 +20,9 @@ from plexus.runtime.kernel import (
     configure_telemetry,
     env_help,
     load_settings,
+    nats_url,
+    port_number,
+    positive_int,
     raise_on_denial,
 )
 
@@ -44,26 +47,10 @@ __all__ = [
 ]
 
 
-def _nats_url(value: str) -> str:
-    if not value.startswith(("nats://", "tls://", "ws://", "wss://")):
-        raise argparse.ArgumentTypeError(f"expected a nats:// URL, got {value!r}")
-    return value
-
-
-def _positive_int(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
-
-
 def _nats_arg(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--nats",
-        type=_nats_url,
+        type=nats_url,
         action="append",
         default=None,
         help="server URL (repeat for a cluster); default $PLEXUS_NATS or nats://127.0.0.1:4222",
@@ -104,7 +91,9 @@ def register_gateway(sub: Any) -> None:
     )
     _nats_arg(parser)
     parser.add_argument("--host", default=None, help="HTTP address (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=None, help="HTTP port (default 8470)")
+    parser.add_argument(
+        "--port", type=port_number, default=None, help="HTTP port (default 8470; 0: a free one)"
+    )
     parser.add_argument(
         "--token-hash",
         action="append",
@@ -116,7 +105,7 @@ def register_gateway(sub: Any) -> None:
     parser.add_argument(
         "--dev", action="store_true", help="no authentication (loudly announced; local use only)"
     )
-    parser.add_argument("--max-body", type=_positive_int, default=1 << 20, help="request body limit in bytes")
+    parser.add_argument("--max-body", type=positive_int, default=1 << 20, help="request body limit in bytes")
     parser.add_argument("--heartbeat", type=float, default=15.0, help="SSE heartbeat comment period, seconds")
     parser.add_argument(
         "--rate-limit",
@@ -238,7 +227,7 @@ def register_runs(sub: Any) -> None:
     ls.add_argument("--status", action="append", default=None)
     ls.add_argument("--agent-type", default=None)
     ls.add_argument("--all", action="store_true", help="children too, not only roots")
-    ls.add_argument("--limit", type=_positive_int, default=20)
+    ls.add_argument("--limit", type=positive_int, default=20)
     show = verbs.add_parser("show", help="one run tree")
     show.add_argument("run_id")
     watch = verbs.add_parser("watch", help="follow a run tree live until it ends")

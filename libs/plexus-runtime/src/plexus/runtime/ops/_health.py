@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable
 from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from ._settings import SettingsError
+
 __all__ = ["HealthServer"]
 
 
@@ -53,9 +55,16 @@ class HealthServer:
         return int(self._server.server_port)
 
     async def start(self) -> None:
+        """Serve on a thread; a port that cannot be had is a `SettingsError` naming it (one line)."""
+        try:
+            self._server = make_server(self._host, self._port, self._app, handler_class=_QuietHandler)
+        except OSError as exc:
+            raise SettingsError(
+                f"the health endpoint cannot listen on {self._host}:{self._port}: {exc.strerror or exc}"
+                " (--health-port or $PLEXUS_HEALTH_PORT; 0 picks a free port)"
+            ) from None
         self._beat = time.monotonic()
         self._task = asyncio.create_task(self._heartbeat(), name="plexus-health-beat")
-        self._server = make_server(self._host, self._port, self._app, handler_class=_QuietHandler)
         threading.Thread(target=self._server.serve_forever, name="plexus-health", daemon=True).start()
 
     async def stop(self) -> None:

@@ -22,6 +22,8 @@ from typing import Any
 
 from opentelemetry import metrics, propagate, trace
 
+from ._settings import SettingsError
+
 __all__ = ["INSTRUMENTS", "Telemetry", "configure_telemetry", "metrics_enabled", "trace_headers"]
 
 _meter = metrics.get_meter("plexus")
@@ -139,7 +141,14 @@ def configure_telemetry(service: str, env: Mapping[str, str] | None = None) -> T
         from opentelemetry.exporter.prometheus import PrometheusMetricReader
         from prometheus_client import start_http_server
 
-        start_http_server(int(port), addr=env.get("PLEXUS_METRICS_HOST", "127.0.0.1"))
+        host = env.get("PLEXUS_METRICS_HOST", "127.0.0.1")
+        try:
+            start_http_server(int(port), addr=host)
+        except OSError as exc:  # a taken port: one line naming it, not a traceback
+            raise SettingsError(
+                f"the metrics endpoint cannot listen on {host}:{port}: {exc.strerror or exc}"
+                " ($PLEXUS_METRICS_PORT)"
+            ) from None
         readers.append(PrometheusMetricReader())
         out.prometheus_port = int(port)
     meter_provider = MeterProvider(resource=resource, metric_readers=readers)
