@@ -26,6 +26,8 @@ from tests.processes import plexus_process
 
 REPO = Path(__file__).resolve().parents[2]
 APP = "tests.runtime.apps_misc:app"
+#: A `plexus dev --run` script that is never reached: the command is refused before it would run.
+RUN = "tests.runtime.apps_misc:app"
 
 
 def _get(url: str) -> tuple[int, dict[str, object]]:
@@ -177,6 +179,9 @@ def test_settings_read_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         (["worker", APP], {"PLEXUS_HEALTH_PORT": "70000"}, "PLEXUS_HEALTH_PORT"),
         (["orchestrator"], {"PLEXUS_NATS": ""}, "PLEXUS_NATS"),
         (["gateway", "--dev"], {"PLEXUS_GATEWAY_PORT": "http"}, "PLEXUS_GATEWAY_PORT"),
+        # `runs` and `agents` once said so with status 1 and their own prefix.
+        (["runs", "ls"], {"PLEXUS_NATS_PASSWORD": "x"}, "a password needs a user"),
+        (["agents"], {"PLEXUS_NATS": "http://example:4222"}, "PLEXUS_NATS"),
     ],
 )
 def test_a_bad_environment_variable_is_refused_by_name(
@@ -198,12 +203,18 @@ def test_a_bad_environment_variable_is_refused_by_name(
             {},
             "--heartbeat-ttl: must be a number of seconds above 0",
         ),
-        (["dev", APP, "--once"], {"PLEXUS_GATEWAY_PORT": "abc"}, "PLEXUS_GATEWAY_PORT: expected a TCP port"),
+        (
+            ["dev", APP, "--run", RUN],
+            {"PLEXUS_GATEWAY_PORT": "abc"},
+            "PLEXUS_GATEWAY_PORT: expected a TCP port",
+        ),
         (["dev", APP, "--gateway-port", "99999"], {}, "--gateway-port: expected a TCP port"),
         (["gateway", "--dev", "--port", "99999"], {}, "--port: expected a TCP port"),
         (["mcp", "serve", "--http", "-1"], {}, "--http: expected a TCP port"),
         (["runs", "start", "assistant/", "hi"], {}, "agent key must not be empty"),
         (["runs", "start", "a/b", "hi", "--max-tokens", "-5"], {}, "--max-tokens: must be at least 1"),
+        (["runs", "ls", "--status", "bogus"], {}, "--status: invalid choice: 'bogus'"),
+        (["dev", APP, "--once"], {}, "--once stops plexus dev when its --run script ends"),
     ],
 )
 def test_a_bad_value_is_one_line_before_anything_starts(
@@ -275,3 +286,32 @@ def test_a_bare_topology_run_keeps_the_ttls_it_finds(nats_server: NatsServer) ->
     # Named, a flag still changes what it names (and only that).
     changed = _plexus("topology", "--lease-ttl", "12", env=env)
     assert "with 1 replica(s), lease TTL 12s, heartbeat TTL 6s" in changed.stdout, changed.stdout
+
+
+def test_a_command_of_a_distribution_not_installed_says_which(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """With only plexus-kernel-runtime installed, argparse alone said "invalid choice: 'orchestrator'"."""
+    import plexus.runtime.cli as cli
+
+    monkeypatch.setattr(cli, "entry_points", lambda group: [])
+    assert cli.main(["orchestrator", "--nats", "nats://127.0.0.1:4222"]) == 2
+    assert (
+        "comes with plexus-kernel-orchestrator (pip install plexus-kernel-orchestrator)"
+        in capsys.readouterr().err
+    )
+    assert cli.main(["runs", "ls"]) == 2
+    assert "plexus-kernel-gateway" in capsys.readouterr().err
+
+
+def test_plexus_dev_says_which_services_it_cannot_start(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import plexus.runtime._dev as dev
+
+    monkeypatch.setattr(dev, "entry_points", lambda group: [])
+    assert dev._installed_services("nats://127.0.0.1:4222") == []
+    err = capsys.readouterr().err
+    assert "plexus dev: no orchestrator (orchestrated runs" in err
+    assert "pip install plexus-kernel-orchestrator" in err
+    assert "plexus dev: no gateway (the dashboard" in err

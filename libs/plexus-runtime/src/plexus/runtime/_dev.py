@@ -47,6 +47,13 @@ def _plexus_process(argv: list[str], *, relayed: bool = False) -> subprocess.Pop
     return subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
 
 
+#: The services a full `plexus dev` starts, and what is missing without each.
+_SERVICES = {
+    "orchestrator": "orchestrated runs, their budgets and retries",
+    "gateway": "the dashboard, the HTTP API and `plexus runs`",
+}
+
+
 def _installed_services(url: str) -> list[tuple[str, list[str]]]:
     """The long-running services `plexus dev` starts, from the ``plexus.dev`` entry points: each names a
     function ``(nats_url) -> argv`` for its ``plexus`` subcommand in local dev mode (e.g. the orchestrator;
@@ -57,6 +64,13 @@ def _installed_services(url: str) -> list[tuple[str, list[str]]]:
             services.append((ep.name, [str(a) for a in ep.load()(url)]))
         except Exception as exc:  # a broken plugin must not stop the others
             print(f"plexus dev: skipping {ep.name}: {type(exc).__name__}: {exc}", file=sys.stderr, flush=True)
+    for name, what in _SERVICES.items():
+        if name not in {found for found, _ in services}:  # say so: a run needing it fails much later
+            print(
+                f"plexus dev: no {name} ({what}): pip install plexus-kernel-{name}",
+                file=sys.stderr,
+                flush=True,
+            )
     return services
 
 

@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="seconds without heartbeats before a worker is dead",
     )
-    worker.add_argument("--worker-id", default=None)
+    worker.add_argument(
+        "--worker-id", default=None, help="this worker's id (default: host name, pid and a unique part)"
+    )
     worker.add_argument(
         "--health-port",
         type=port_number,
@@ -211,8 +213,10 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--once", action="store_true", help="with --run: stop everything when the script ends (CI, demos)"
     )
-    dev.add_argument("--workers", type=positive_int, default=1)
-    dev.add_argument("--concurrency", type=positive_int, default=64)
+    dev.add_argument("--workers", type=positive_int, default=1, help="worker processes (default 1)")
+    dev.add_argument(
+        "--concurrency", type=positive_int, default=64, help="handlers at once per worker (default 64)"
+    )
     dev.add_argument(
         "--gateway-port",
         type=port_number,
@@ -415,6 +419,8 @@ def _probe(args: argparse.Namespace) -> int:
 
 
 async def _dev(args: argparse.Namespace) -> int:
+    if args.once and not args.run:
+        raise CliError("--once stops plexus dev when its --run script ends: give --run too")
     app = load_object(args.app)
     if not isinstance(app, App):
         raise CliError(f"{args.app} is a {type(app).__name__}, not a plexus.runtime.App")
@@ -442,8 +448,27 @@ def _choose_allocator(name: str, library: str | None, *, own_command_line: bool)
     use_allocator("jemalloc", library=library)
 
 
+#: Subcommands other distributions register (entry points ``plexus.commands``), by the one providing them.
+_PROVIDED_BY = {"orchestrator": "orchestrator"} | dict.fromkeys(
+    ("gateway", "runs", "agents", "sessions", "schedules", "tokens", "mcp"), "gateway"
+)
+
+
+def _not_installed(argv: Sequence[str]) -> str | None:
+    """The distribution to install when `argv` names a subcommand of one that is not (argparse would only
+    say "invalid choice")."""
+    words = [word for word in argv if not word.startswith("-")]
+    provider = _PROVIDED_BY.get(words[0]) if words else None
+    if provider is None or words[0] in {ep.name for ep in entry_points(group="plexus.commands")}:
+        return None
+    return f"plexus-kernel-{provider}"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    if missing := _not_installed(sys.argv[1:] if argv is None else argv):
+        print(f"plexus: error: this command comes with {missing} (pip install {missing})", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     try:
         logs = load_settings(LogSettings)

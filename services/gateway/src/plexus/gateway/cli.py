@@ -15,6 +15,7 @@ from pydantic import Field, ValidationError
 from plexus.core import KernelError
 from plexus.runtime import Runtime
 from plexus.runtime.kernel import (
+    NatsAuthError,
     NatsSettings,
     SettingsError,
     configure_telemetry,
@@ -25,6 +26,7 @@ from plexus.runtime.kernel import (
     positive_int,
     raise_on_denial,
 )
+from plexus.runtime.orchestration import RunStatus
 
 from . import _cli_more as more
 from . import _cli_timetravel as timetravel_cli
@@ -221,13 +223,21 @@ async def _serve_gateway(urls: list[str], config: GatewayConfig, host: str, port
 
 # -- plexus runs ------------------------------------------------------------------------------------------
 def register_runs(sub: Any) -> None:
-    parser = sub.add_parser("runs", help="list, show, watch and cancel run trees")
+    parser = sub.add_parser(
+        "runs", help="start, list, show, watch, cancel, approve, fork, export and replay run trees"
+    )
     verbs = parser.add_subparsers(dest="runs_command", required=True)
     ls = verbs.add_parser("ls", help="runs, newest first")
-    ls.add_argument("--status", action="append", default=None)
+    ls.add_argument(
+        "--status",
+        action="append",
+        default=None,
+        choices=[str(s) for s in RunStatus],
+        help="repeat for several",
+    )
     ls.add_argument("--agent-type", default=None)
     ls.add_argument("--all", action="store_true", help="children too, not only roots")
-    ls.add_argument("--limit", type=positive_int, default=20)
+    ls.add_argument("--limit", type=positive_int, default=20, help="at most this many (default 20)")
     show = verbs.add_parser("show", help="one run tree")
     show.add_argument("run_id")
     watch = verbs.add_parser("watch", help="follow a run tree live until it ends")
@@ -262,6 +272,8 @@ def _guarded(command: str, work: Any) -> int:
         # stdout at /dev/null so the interpreter's final flush does not raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except (NatsAuthError, SettingsError):
+        raise  # the process's configuration, as for every command: `plexus` says so and exits 2
     except (KernelError, ValidationError, ValueError) as exc:
         name = getattr(exc, "error_type", type(exc).__name__)
         print(f"plexus {command}: error: {name}: {exc}", file=sys.stderr)
