@@ -209,6 +209,25 @@ async def test_a_root_that_completes_over_its_budget_fails_on_it(replicas: Start
     assert record.status == RunStatus.COMPLETED
 
 
+async def test_a_run_whose_agent_ran_out_of_budget_ends_with_that_decision(
+    replicas: StartReplica, rt: Runtime
+) -> None:
+    """A handler's `BudgetExhaustedError` (its own consume or a callee's) is the budget's decision in the
+    run's log line and progress, as when the budget watcher ends the tree, not a plain ``failed``."""
+    await replicas(budget_check_delay_s=60.0)
+    run_id = await rt.start_run(ECHO, [TextBlock(text="x")], budget=ExecutionBudget(max_tokens=100))
+    error = BudgetExhaustedError("tokens", 120, 100).to_wire()
+    report = FinishedReport(run_id=run_id, status="failed", error=error)
+    record = await call(rt, "finished", report, RunRecord)
+    assert record.status == RunStatus.FAILED
+    assert record.error == error
+    assert "budget_exceeded" in await decisions(rt, run_id)
+    other = await rt.start_run(AgentId("echo", "k3"), [TextBlock(text="y")])
+    report = FinishedReport(run_id=other, status="failed", error=KernelError("boom").to_wire())
+    await call(rt, "finished", report, RunRecord)
+    assert "failed" in await decisions(rt, other)
+
+
 async def test_finishing_a_budgeted_root_reads_its_tree_and_totals_once(
     replicas: StartReplica, rt: Runtime
 ) -> None:

@@ -206,6 +206,8 @@ class Engine(RootStarts, SpawnSupport):
             RunStatus.CANCELLED: "cancelled",
             RunStatus.GUARDRAIL_TRIPPED: "guardrail_tripped",
         }.get(status, "failed")
+        if decision == "failed" and error is not None and error.get("error_type") == "BudgetExhaustedError":
+            decision = "budget_exceeded"  # its agent ran out (a consume, a callee): as the watcher says
         ending = Ending(status, decision, error if status != RunStatus.COMPLETED else None, output)
         return await self._end_run(record, ending, revision, reading)
 
