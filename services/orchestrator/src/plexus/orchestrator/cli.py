@@ -19,6 +19,9 @@ from plexus.runtime.kernel import (
     configure_telemetry,
     env_help,
     load_settings,
+    nats_url,
+    port_number,
+    positive_seconds,
 )
 
 from ._orchestrator import Orchestrator, OrchestratorConfig
@@ -29,32 +32,10 @@ __all__ = ["dev_command", "register", "run"]
 log = logging.getLogger("plexus.orchestrator")
 
 
-def _nats_url(value: str) -> str:
-    if not value.startswith(("nats://", "tls://", "ws://", "wss://")):
-        raise argparse.ArgumentTypeError(f"expected a nats:// URL, got {value!r}")
-    return value
-
-
-def _positive_float(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if not number > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return number
-
-
 class OrchestratorSettings(NatsSettings):
     """``plexus orchestrator``'s environment (flags of the same name win)."""
 
     namespace: str | None = Field(default=None, description="serve only this namespace (default: all)")
-
-
-def _port(value: str) -> int:
-    if not value.isdigit() or int(value) > 65535:
-        raise argparse.ArgumentTypeError(f"expected a TCP port (0-65535), got {value!r}")
-    return int(value)
 
 
 def dev_command(nats_url: str) -> list[str]:
@@ -72,7 +53,7 @@ def register(sub: Any) -> None:
     )
     parser.add_argument(
         "--nats",
-        type=_nats_url,
+        type=nats_url,
         action="append",
         default=None,
         help="server URL (repeat for a cluster); default $PLEXUS_NATS or nats://127.0.0.1:4222",
@@ -82,9 +63,12 @@ def register(sub: Any) -> None:
     parser.add_argument(
         "--partitions", type=int, default=16, help="inbox partitions, used only if the topology is missing"
     )
-    parser.add_argument("--tick", type=_positive_float, default=0.1, help="sweeper period in seconds")
+    parser.add_argument("--tick", type=positive_seconds, default=0.1, help="sweeper period in seconds")
     parser.add_argument(
-        "--health-port", type=_port, default=None, help="serve /healthz and /readyz on this port (0: any)"
+        "--health-port",
+        type=port_number,
+        default=None,
+        help="serve /healthz and /readyz on this port (0: any)",
     )
     parser.set_defaults(handler=run)
 
