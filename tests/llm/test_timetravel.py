@@ -67,6 +67,38 @@ async def test_an_unchanged_app_replays_its_export_without_divergence(
     assert report.notes == []
 
 
+def _swap_the_first_two_child_endings(lines: list[bytes], parent: str) -> list[bytes]:
+    """The same export as if the parent's two concurrent children had ended the other way round live: the
+    entries of their endings (and of the tool results journaled right after each) trade places."""
+    rows = [json.loads(line) for line in lines]
+    mine = [r for r in rows if r.get("kind") == "log" and r.get("agent_id") == parent and "entry" in r]
+    ends = [i for i, r in enumerate(mine) if r["entry"]["type"] == "child.completed"][:2]
+    assert len(ends) == 2, [r["entry"]["type"] for r in mine]
+    first, second = ends
+    assert mine[first + 1]["entry"]["type"] == mine[second + 1]["entry"]["type"] == "tool.result"
+    for a, b in ((first, second), (first + 1, second + 1)):
+        mine[a]["entry"], mine[b]["entry"] = mine[b]["entry"], mine[a]["entry"]
+    return [json.dumps(r).encode() + b"\n" for r in rows]
+
+
+async def test_concurrent_children_end_in_the_recorded_order_whatever_order_the_replay_runs_them(
+    runtime: Runtime, start_worker: Any, orchestrator: Any, tmp_path: Path
+) -> None:
+    """The planner's two researchers run at once; the order their endings were journaled in is the live
+    run's. Each order must replay: the replay ends the children in the recorded order (it once ended them
+    in the order it ran them, and an unchanged app diverged from its own export in CI)."""
+    run_id = await _research_run(runtime, start_worker)
+    lines = list(recording_lines(await runtime.export_run(run_id)))
+    for variant, edited in (
+        ("as run", lines),
+        ("swapped", _swap_the_first_two_child_endings(lines, "planner/demo")),
+    ):
+        path = tmp_path / f"{variant.replace(' ', '_')}.jsonl"
+        path.write_bytes(b"".join(edited))
+        report = await assert_replays(path, research_team.app)
+        assert len(report.replayed) == 4, variant
+
+
 @tool
 def review(notes: str) -> str:
     """Review the notes (the changed planner's second tool, in place of `write`)."""

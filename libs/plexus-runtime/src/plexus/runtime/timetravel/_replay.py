@@ -32,6 +32,7 @@ from ._backend import STOP_ERRORS, RecordedStop, ReplayBackend
 from ._errors import ReplayAppMismatchError, ReplayDivergedError
 from ._hooks import ReplayHook, replay_hooks
 from ._log import ReplayLog
+from ._order import CompletionOrder
 
 __all__ = ["Divergence", "ReplayReport", "assert_replays", "replay", "replay_file"]
 
@@ -105,6 +106,7 @@ class _Replayer:
         self.agents: dict[str, Agent] = {}
         self.messages: dict[str, _Message] = {}
         self.spawned: dict[str, list[str]] = defaultdict(list)  # parent run -> child runs replayed
+        self.orders: dict[str, CompletionOrder] = {}  # parent run -> its children's recorded endings
         root = recording.header.root_run_id
         self.report = ReplayReport(root)
         self._index(recording)
@@ -250,23 +252,43 @@ class _Replayer:
             raise ReplayDivergedError(f"{parent.agent_id} spawned {child}, which the recording does not hold")
         record = self.runs[candidates[0]]
         taken.append(record.run_id)
-        await self.replay_run(record, blocks)
+        order = self._order_of(parent)
+        order.started(record.run_id)
+        try:
+            await self.replay_run(record, blocks)
+        except BaseException:
+            await order.abandon(record.run_id)
+            raise
         status = record.status.value if record.status.value in ("completed", "cancelled") else "failed"
-        # As the worker records it when the child's reply arrives: the recorded ending, replayed.
-        ctx.record(
-            RunChildCompleted(
-                run_id=parent.run_id,
-                agent_id=parent.agent_id,
-                child_run_id=record.run_id,
-                child_agent_id=record.agent_id,
-                status=status,
+        # As the worker records it when the child's reply arrives: the recorded ending, replayed, in the
+        # order the recording holds the endings of children that ran at once.
+        async with order.turn(record.run_id):
+            ctx.record(
+                RunChildCompleted(
+                    run_id=parent.run_id,
+                    agent_id=parent.agent_id,
+                    child_run_id=record.run_id,
+                    child_agent_id=record.agent_id,
+                    status=status,
+                )
             )
-        )
         if record.status is not RunStatus.COMPLETED:
             raise KernelError.from_wire(
                 record.error or {"error_type": "KernelError", "message": record.reason or ""}
             )
         return blocks_from_payload(record.output) if record.output is not None else []
+
+    def _order_of(self, parent: RunRecord) -> CompletionOrder:
+        found = self.orders.get(parent.run_id)
+        if found is None:
+            message = self.messages.get(parent.run_id)
+            endings = [
+                str(e.get("child_run_id"))
+                for e in (message.entries if message is not None else [])
+                if e.get("type") == "child.completed"
+            ]
+            found = self.orders[parent.run_id] = CompletionOrder(endings)
+        return found
 
     def _compare(
         self,
