@@ -135,7 +135,7 @@ async def test_runs_start_and_approve_agents_and_sessions(gw: Stack) -> None:
     assert (await gw.rt.get_run(gated)).status == "completed"
     code, _, err = await plexus("runs", "approve", gated, "door-1", "--wait", "--timeout", "0", *nats)
     assert code == 2
-    assert "must be > 0" in err
+    assert "--timeout: must be a number of seconds above 0" in err
 
     code, _, err = await plexus("runs", "start", "not-an-agent-id", *nats)
     assert code == 2

@@ -13,7 +13,15 @@ contract enforces it).
 from .cli import CliError, load_object
 from .client._fork import ForkSource, ForkStart
 from .ops._allocator import AllocatorError, allocator_in_use, use_allocator
-from .ops._arguments import agent_id_argument, nats_url, port_number, positive_int, positive_seconds
+from .ops._arguments import (
+    agent_id_argument,
+    nats_url,
+    non_negative_int,
+    non_negative_number,
+    port_number,
+    positive_int,
+    positive_seconds,
+)
 from .ops._auth import NatsAuth, NatsAuthError
 from .ops._denials import DenialWatch, raise_on_denial
 from .ops._health import HealthServer
@@ -85,6 +93,8 @@ __all__ = [
     "make_headers",
     "metrics_enabled",
     "nats_url",
+    "non_negative_int",
+    "non_negative_number",
     "port_number",
     "positive_int",
     "positive_seconds",

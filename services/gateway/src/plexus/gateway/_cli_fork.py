@@ -8,6 +8,7 @@ import json
 from typing import Any
 
 from plexus.runtime import ForkEdit, ForkPoint, Runtime
+from plexus.runtime.kernel import non_negative_int
 
 __all__ = ["add_fork", "fork"]
 
@@ -22,23 +23,17 @@ def _settings(value: str) -> dict[str, Any]:
     return parsed
 
 
-def _count(value: str) -> int:
-    try:
-        number = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {number}")
-    return number
-
-
 def add_fork(verbs: Any) -> argparse.ArgumentParser:
     fork_: argparse.ArgumentParser = verbs.add_parser(
         "fork", help="start a new run tree at a turn or message of a run, optionally edited"
     )
     fork_.add_argument("run_id", help="the source run (only read)")
-    fork_.add_argument("--turn", type=_count, default=None, help="after this turn (1-based); 0: the message")
-    fork_.add_argument("--message", type=_count, default=0, help="the agent's handled message in the run")
+    fork_.add_argument(
+        "--turn", type=non_negative_int, default=None, help="after this turn (1-based); 0: the message"
+    )
+    fork_.add_argument(
+        "--message", type=non_negative_int, default=0, help="the agent's handled message in the run"
+    )
     fork_.add_argument("--agent", default=None, help="TYPE/KEY of an agent of the tree (default: the run's)")
     fork_.add_argument("--text", default=None, help="the edited user message")
     fork_.add_argument("--system", default=None, help="the edited system prompt")

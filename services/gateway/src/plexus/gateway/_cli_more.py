@@ -12,30 +12,13 @@ import msgspec
 
 from plexus.core import ExecutionBudget, SpawnBudget, TextBlock
 from plexus.runtime import Runtime
-from plexus.runtime.kernel import agent_id_argument, positive_int
+from plexus.runtime.kernel import agent_id_argument, non_negative_number, positive_int, positive_seconds
 
 from ._runs import partitions_by_worker
 from ._session_tools import item_line
 from ._sessions import SessionNotFound, SessionStore
 
 __all__ = ["add_approve", "add_start", "agents", "approve", "sessions", "start"]
-
-
-def _non_negative(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number, got {value!r}") from None
-    if number < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return number
-
-
-def _positive(value: str) -> float:
-    number = _non_negative(value)
-    if number == 0:
-        raise argparse.ArgumentTypeError("must be > 0")
-    return number
 
 
 def add_start(verbs: Any) -> argparse.ArgumentParser:
@@ -45,12 +28,12 @@ def add_start(verbs: Any) -> argparse.ArgumentParser:
     start.add_argument("agent_id", type=agent_id_argument, help="the root agent, TYPE/KEY")
     start.add_argument("text", nargs="?", default="", help="the input text (default: empty)")
     start.add_argument("--max-tokens", type=positive_int, default=None)
-    start.add_argument("--max-cost", type=_non_negative, default=None, help="USD")
+    start.add_argument("--max-cost", type=non_negative_number, default=None, help="USD")
     start.add_argument("--max-turns", type=positive_int, default=None)
     start.add_argument(
         "--max-agents", type=positive_int, default=None, help="spawn budget: agents alive at once"
     )
-    start.add_argument("--timeout", type=_non_negative, default=None, help="deadline, seconds from now")
+    start.add_argument("--timeout", type=non_negative_number, default=None, help="deadline, seconds from now")
     start.add_argument("--watch", action="store_true", help="then follow the tree until it ends")
     return start
 
@@ -66,7 +49,9 @@ def add_approve(verbs: Any) -> argparse.ArgumentParser:
     approve.add_argument(
         "--wait", action="store_true", help="return once the run has ended or awaits decisions again"
     )
-    approve.add_argument("--timeout", type=_positive, default=60.0, help="seconds --wait waits (default: 60)")
+    approve.add_argument(
+        "--timeout", type=positive_seconds, default=60.0, help="seconds --wait waits (default: 60)"
+    )
     return approve
 
 

@@ -14,7 +14,15 @@ from pydantic import ValidationError
 
 from plexus.core import AgentId
 
-__all__ = ["agent_id_argument", "nats_url", "port_number", "positive_int", "positive_seconds"]
+__all__ = [
+    "agent_id_argument",
+    "nats_url",
+    "non_negative_int",
+    "non_negative_number",
+    "port_number",
+    "positive_int",
+    "positive_seconds",
+]
 
 
 def port_number(value: str) -> int:
@@ -24,23 +32,41 @@ def port_number(value: str) -> int:
     return int(value)
 
 
-def positive_int(value: str) -> int:
+def _number(value: str, kind: type[int] | type[float], what: str) -> float:
     try:
-        number = int(value)
+        number = kind(value)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number, got {value!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}") from None
+    if not math.isfinite(number):
+        raise argparse.ArgumentTypeError(f"expected {what}, got {value!r}")
+    return number
+
+
+def positive_int(value: str) -> int:
+    number = int(_number(value, int, "a whole number"))
     if number < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
     return number
 
 
+def non_negative_int(value: str) -> int:
+    number = int(_number(value, int, "a whole number"))
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {number}")
+    return number
+
+
 def positive_seconds(value: str) -> float:
-    try:
-        number = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {value!r}") from None
-    if not (number > 0 and math.isfinite(number)):
+    number = _number(value, float, "a number of seconds")
+    if not number > 0:
         raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {value}")
+    return number
+
+
+def non_negative_number(value: str) -> float:
+    number = _number(value, float, "a number")
+    if number < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
     return number
 
 
